@@ -1,0 +1,1 @@
+"""Outbound sinks: where relayd publishes rows."""

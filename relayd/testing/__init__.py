@@ -1,0 +1,1 @@
+"""Test doubles shipped with relayd: the OJS emulator."""
