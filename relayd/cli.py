@@ -1,0 +1,156 @@
+"""The `relayd` command line: subcommands, their output, and exit codes.
+
+Exit codes: 0 success, 1 failure (database unreachable, schema missing, a run that crashed),
+2 usage or configuration error (one line on stderr naming the key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from relayd import __version__
+from relayd.config import Settings, load_settings
+from relayd.errors import ConfigError, DatabaseUnavailable, MigrationError, SchemaError
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except ConfigError as exc:
+        _fail(f"config error: {exc}")
+        return EXIT_USAGE
+    except (SchemaError, MigrationError) as exc:
+        _fail(str(exc))
+        return EXIT_FAILURE
+    except DatabaseUnavailable as exc:
+        _fail(f"database unavailable: {exc}")
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config",
+        metavar="PATH",
+        help="TOML file (default: $RELAYD_CONFIG, else /etc/relayd/config.toml)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="relayd",
+        description="Publish committed PostgreSQL outbox rows to an Open Job Spec server.",
+        parents=[common],
+    )
+    parser.add_argument("--version", action="version", version=f"relayd {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", parents=[common], help="run the relay until signalled")
+    run.set_defaults(handler=_run)
+
+    migrate = commands.add_parser(
+        "migrate", parents=[common], help="create or upgrade the outbox table (idempotent)"
+    )
+    migrate.add_argument("--json", action="store_true", help="machine-readable output")
+    migrate.set_defaults(handler=_migrate)
+
+    config = commands.add_parser("config", parents=[common], help="inspect the configuration")
+    config_commands = config.add_subparsers(dest="config_command", required=True)
+    show = config_commands.add_parser(
+        "show", parents=[common], help="print the effective configuration, secrets redacted"
+    )
+    show.add_argument("--json", action="store_true", help="print JSON instead of TOML")
+    show.set_defaults(handler=_config_show)
+
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(args.config)
+
+
+def _fail(message: str) -> None:
+    print(f"relayd: {message}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from relayd.daemon import run_daemon  # noqa: PLC0415 - keeps `config show` light
+
+    settings = _settings(args)
+    return asyncio.run(run_daemon(settings))
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from relayd.migrate import migrate  # noqa: PLC0415
+    from relayd.store import Store  # noqa: PLC0415
+
+    settings = _settings(args)
+
+    async def apply() -> dict[str, Any]:
+        store = await Store.connect(
+            settings.dsn,
+            settings.outbox.outbox_table,
+            max_size=2,
+            connect_timeout_s=settings.database.connect_timeout_s,
+            statement_timeout_s=max(settings.database.statement_timeout_s, 300.0),
+        )
+        try:
+            report = await migrate(store)
+        finally:
+            await store.close()
+        return {
+            "table": settings.outbox.table,
+            "applied": [f"{m.version:04d}_{m.name}" for m in report.applied],
+            "already_applied": [f"{m.version:04d}_{m.name}" for m in report.already],
+        }
+
+    result = asyncio.run(apply())
+    if args.json:
+        print(json.dumps(result))
+    elif result["applied"]:
+        print(f"{result['table']}: applied {', '.join(result['applied'])}")
+    else:
+        count = len(result["already_applied"])
+        print(f"{result['table']}: up to date ({count} migration{'s' * (count != 1)} applied)")
+    return EXIT_OK
+
+
+def _config_show(args: argparse.Namespace) -> int:
+    data = _settings(args).redacted()
+    print(json.dumps(data, indent=2) if args.json else to_toml(data))
+    return EXIT_OK
+
+
+def to_toml(data: dict[str, dict[str, Any]]) -> str:
+    """Render the (flat, two-level) settings as TOML; unset keys become comments."""
+    lines: list[str] = []
+    for section, values in data.items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            if value is None:
+                lines.append(f"# {key} = (unset)")
+            else:
+                lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value))

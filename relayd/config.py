@@ -1,0 +1,420 @@
+"""Settings: a TOML file, `RELAYD_<SECTION>__<KEY>` environment overrides, secrets from files.
+
+Precedence, highest first: environment, TOML file, defaults. Secrets (`database.dsn`,
+the sink token) never appear in a repr, a log or an error; `redacted()` is what
+`relayd config show` prints. Every failure becomes one `ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from relayd.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/relayd/config.toml")
+CONFIG_ENV_VAR = "RELAYD_CONFIG"
+
+# One identifier part of the outbox table name (design.md §2). Anything else is refused, so
+# the name can be quoted and formatted into SQL once at start-up without injection risk.
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# PostgreSQL truncates identifiers (and NOTIFY channels) at 63 bytes.
+_MAX_CHANNEL_BYTES = 63
+_REDACTED = "***"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OutboxTable(BaseModel):
+    """A validated, schema-qualified outbox table name."""
+
+    model_config = ConfigDict(frozen=True)
+
+    schema_name: str
+    name: str
+
+    @classmethod
+    def parse(cls, value: str) -> OutboxTable:
+        parts = value.split(".")
+        if len(parts) == 1:
+            parts = ["public", *parts]
+        if len(parts) != 2 or not all(_IDENT.match(part) for part in parts):
+            raise ValueError(
+                f"invalid table name {value!r}: expected [schema.]name, each part matching "
+                f"{_IDENT.pattern}"
+            )
+        table = cls(schema_name=parts[0], name=parts[1])
+        if len(table.channel.encode()) > _MAX_CHANNEL_BYTES:
+            raise ValueError(
+                f"table name {value!r} is too long: 'schema.name' must fit the "
+                f"{_MAX_CHANNEL_BYTES}-byte NOTIFY channel limit"
+            )
+        return table
+
+    @property
+    def qualified(self) -> str:
+        """The quoted identifier, safe to format into SQL."""
+        return f'"{self.schema_name}"."{self.name}"'
+
+    @property
+    def quoted_schema(self) -> str:
+        return f'"{self.schema_name}"'
+
+    @property
+    def channel(self) -> str:
+        """The NOTIFY channel the insert trigger signals (`schema.name`)."""
+        return f"{self.schema_name}.{self.name}"
+
+    def __str__(self) -> str:
+        return self.channel
+
+
+class DatabaseSettings(_Section):
+    dsn: SecretStr | None = None
+    dsn_file: Path | None = None
+    pool_max_size: int | None = Field(default=None, ge=2, le=1000)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    statement_timeout_s: float = Field(default=30.0, gt=0)
+
+    _dsn_from_file: SecretStr | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _one_dsn_source(self) -> DatabaseSettings:
+        if self.dsn is not None and self.dsn_file is not None:
+            raise ValueError("set either dsn or dsn_file, not both")
+        return self
+
+    @property
+    def resolved_dsn(self) -> SecretStr | None:
+        """The DSN, from `dsn` or read from `dsn_file`."""
+        return self.dsn if self.dsn is not None else self._dsn_from_file
+
+
+class OutboxSettings(_Section):
+    table: str = "relayd.outbox"
+
+    @field_validator("table")
+    @classmethod
+    def _valid_table(cls, value: str) -> str:
+        OutboxTable.parse(value)
+        return value
+
+    @property
+    def outbox_table(self) -> OutboxTable:
+        return OutboxTable.parse(self.table)
+
+
+class SinkSettings(_Section):
+    url: str | None = None
+    token_file: Path | None = None
+    ca_file: Path | None = None
+    timeout_s: float = Field(default=10.0, gt=0)
+    connect_timeout_s: float = Field(default=3.0, gt=0)
+    concurrency: int = Field(default=32, ge=1, le=1024)
+    batch: Literal["auto", "on", "off"] = "auto"
+    batch_max_jobs: int = Field(default=100, ge=1, le=1000)
+    batch_max_bytes: int = Field(default=900 * 1024, ge=1024)
+    max_envelope_bytes: int = Field(default=1024 * 1024, ge=1024)
+
+    _token: SecretStr | None = PrivateAttr(default=None)
+
+    @field_validator("url")
+    @classmethod
+    def _valid_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"expected an http:// or https:// base URL, got {value!r}")
+        if parts.username or parts.password:
+            raise ValueError("credentials do not belong in the URL; use sink.token_file")
+        return value.rstrip("/")
+
+    @field_validator("batch", mode="before")
+    @classmethod
+    def _batch_bool(cls, value: object) -> object:
+        # TOML and the environment may say true/false for on/off.
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return "on" if value.lower() == "true" else "off"
+        return value
+
+    @property
+    def token(self) -> SecretStr | None:
+        """The bearer token read from `token_file`, if one is configured."""
+        return self._token
+
+
+class RelaySettings(_Section):
+    workers: int = Field(default=4, ge=1, le=256)
+    batch_size: int = Field(default=100, ge=1, le=10_000)
+    lease_s: float = Field(default=30.0, gt=0)
+    poll_interval_s: float = Field(default=2.0, gt=0)
+    listen: bool = True
+    shutdown_grace_s: float = Field(default=10.0, ge=0)
+
+
+class RetrySettings(_Section):
+    base_s: float = Field(default=1.0, gt=0)
+    cap_s: float = Field(default=60.0, gt=0)
+    max_attempts: int = Field(default=10, ge=1)
+    breaker_threshold: int = Field(default=5, ge=1)
+    breaker_cooldown_s: float = Field(default=5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _cap_above_base(self) -> RetrySettings:
+        if self.cap_s < self.base_s:
+            raise ValueError("cap_s must be >= base_s")
+        return self
+
+
+class HttpSettings(_Section):
+    enabled: bool = True
+    listen: str = "127.0.0.1:9464"
+
+    @field_validator("listen")
+    @classmethod
+    def _valid_listen(cls, value: str) -> str:
+        parse_listen(value)
+        return value
+
+
+class LogSettings(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["auto", "json", "console"] = "auto"
+
+
+class CleanupSettings(_Section):
+    enabled: bool = True
+    published_retention_s: float = Field(default=7 * 24 * 3600.0, ge=0)
+    interval_s: float = Field(default=60.0, gt=0)
+    batch_size: int = Field(default=1000, ge=1, le=100_000)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """Split `HOST:PORT` (IPv6 as `[::1]:PORT`) and check the port."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port_text)
+
+
+# The TOML document of the current load_settings() call, read by _TomlSource.
+_toml_data: ContextVar[dict[str, Any] | None] = ContextVar("relayd_toml_data", default=None)
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    """The already-parsed TOML file, below the environment in precedence."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self().get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_toml_data.get() or {})
+
+
+class Settings(BaseSettings):
+    """The whole configuration of one relayd process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="RELAYD_",
+        env_nested_delimiter="__",
+        case_sensitive=False,
+        extra="forbid",
+        frozen=True,
+    )
+
+    database: DatabaseSettings = DatabaseSettings()
+    outbox: OutboxSettings = OutboxSettings()
+    sink: SinkSettings = SinkSettings()
+    relay: RelaySettings = RelaySettings()
+    retry: RetrySettings = RetrySettings()
+    http: HttpSettings = HttpSettings()
+    log: LogSettings = LogSettings()
+    cleanup: CleanupSettings = CleanupSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _TomlSource(settings_cls))
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> Settings:
+        # A lease must outlive the attempt it covers with room to settle, or a slow but
+        # successful attempt would routinely race a second owner (C4).
+        if self.relay.lease_s <= 2 * self.sink.timeout_s:
+            raise _CrossFieldError(
+                "relay.lease_s",
+                f"must be greater than 2 x sink.timeout_s ({2 * self.sink.timeout_s:g})",
+            )
+        return self
+
+    @property
+    def dsn(self) -> str:
+        """The database DSN; `ConfigError` if none is configured."""
+        dsn = self.database.resolved_dsn
+        if dsn is None:
+            raise ConfigError("database.dsn", "required (set database.dsn or database.dsn_file)")
+        return dsn.get_secret_value()
+
+    @property
+    def sink_url(self) -> str:
+        """The OJS base URL; `ConfigError` if none is configured."""
+        if self.sink.url is None:
+            raise ConfigError("sink.url", "required (the OJS server's base URL)")
+        return self.sink.url
+
+    def redacted(self) -> dict[str, Any]:
+        """Every setting as plain data, with the DSN password replaced by `***`."""
+        data = self.model_dump(mode="json")
+        dsn = self.database.resolved_dsn
+        data["database"]["dsn"] = None if dsn is None else redact_dsn(dsn.get_secret_value())
+        return data
+
+
+class _CrossFieldError(ValueError):
+    """A rule spanning sections; carries the key to name in the one-line error."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(reason)
+        self.key = key
+
+
+def redact_dsn(dsn: str) -> str:
+    """Replace the password in a URL or key=value DSN with `***`."""
+    if "://" in dsn:
+        parts = urlsplit(dsn)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hostinfo = netloc.rpartition("@")
+            user, colon, _password = userinfo.partition(":")
+            netloc = f"{user}:{_REDACTED}@{hostinfo}" if colon else netloc
+        query = urlencode(
+            [
+                (key, _REDACTED if "password" in key.lower() else value)
+                for key, value in parse_qsl(parts.query, keep_blank_values=True)
+            ],
+            safe="/*",
+        )
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    return re.sub(
+        r"(\b\w*password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", rf"\1{_REDACTED}", dsn, flags=re.I
+    )
+
+
+def resolve_config_path(
+    explicit: str | Path | None, environ: Mapping[str, str] | None = None
+) -> tuple[Path, bool]:
+    """The config file to read and whether it was asked for (a missing one is then an error)."""
+    environ = os.environ if environ is None else environ
+    if explicit is not None:
+        return Path(explicit), True
+    from_env = environ.get(CONFIG_ENV_VAR)
+    if from_env:
+        return Path(from_env), True
+    return DEFAULT_CONFIG_PATH, False
+
+
+def load_settings(path: str | Path | None = None) -> Settings:
+    """Load, validate and resolve secrets; raise `ConfigError` naming the offending key.
+
+    The environment is read from `os.environ` (pydantic-settings' env source).
+    """
+    config_path, required = resolve_config_path(path)
+    data = _read_toml(config_path, required=required)
+    token = _toml_data.set(data)
+    try:
+        settings = _validate()
+    finally:
+        _toml_data.reset(token)
+    return _resolve_secrets(settings)
+
+
+def _read_toml(path: Path, *, required: bool) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        if required:
+            raise ConfigError("config", f"file not found: {path}") from None
+        return {}
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config", f"{path}: invalid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read {path}: {exc.strerror}") from None
+
+
+def _validate() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise _config_error(exc) from None
+
+
+def _config_error(exc: ValidationError) -> ConfigError:
+    error = exc.errors()[0]
+    context = error.get("ctx") or {}
+    cause = context.get("error")
+    if isinstance(cause, _CrossFieldError):
+        return ConfigError(cause.key, str(cause))
+    key = ".".join(str(part) for part in error["loc"]) or "config"
+    if error["type"] == "extra_forbidden":
+        return ConfigError(key, "unknown key")
+    message = str(cause) if isinstance(cause, ValueError) else error["msg"]
+    return ConfigError(key, message.removeprefix("Value error, "))
+
+
+def _resolve_secrets(settings: Settings) -> Settings:
+    if settings.database.dsn_file is not None:
+        dsn = _read_secret(settings.database.dsn_file, "database.dsn_file")
+        settings.database._dsn_from_file = SecretStr(dsn)
+    if settings.sink.token_file is not None:
+        token = _read_secret(settings.sink.token_file, "sink.token_file")
+        settings.sink._token = SecretStr(token)
+    if settings.sink.ca_file is not None and not settings.sink.ca_file.is_file():
+        raise ConfigError("sink.ca_file", f"not a readable file: {settings.sink.ca_file}")
+    return settings
+
+
+def _read_secret(path: Path, key: str) -> str:
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(key, f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(key, f"{path} is not UTF-8 text") from None
+    if not value:
+        raise ConfigError(key, f"{path} is empty")
+    return value

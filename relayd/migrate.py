@@ -1,0 +1,79 @@
+"""Schema migrations: `migrations/NNNN_*.sql`, applied in order under an advisory lock.
+
+The files ship inside the wheel as `relayd/_migrations` (pyproject force-include); from a
+source checkout they are read from the repository's `migrations/` directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from importlib import resources
+from importlib.abc import Traversable
+from pathlib import Path
+
+from relayd.config import OutboxTable
+from relayd.errors import MigrationError
+from relayd.store import Store, render
+
+_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    template: str
+
+    @property
+    def checksum(self) -> str:
+        """Of the template, so the same file checks the same for every outbox table."""
+        return hashlib.sha256(self.template.encode()).hexdigest()
+
+    def sql(self, table: OutboxTable) -> str:
+        return render(self.template, table)
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationReport:
+    applied: list[Migration]
+    already: list[Migration]
+
+
+def migrations_dir() -> Traversable:
+    """Where the migration files are: inside the installed package, else the source tree."""
+    packaged = resources.files("relayd").joinpath("_migrations")
+    if packaged.is_dir():
+        return packaged
+    source = Path(__file__).resolve().parent.parent / "migrations"
+    if source.is_dir():
+        return source
+    raise MigrationError("no migrations found (neither relayd/_migrations nor ./migrations)")
+
+
+def load_migrations(directory: Traversable | None = None) -> list[Migration]:
+    """Every `NNNN_name.sql`, in version order; a gap or a duplicate version is an error."""
+    directory = migrations_dir() if directory is None else directory
+    found: list[Migration] = []
+    for entry in directory.iterdir():
+        match = _FILE.match(entry.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise MigrationError(f"migration versions must run 1..N without gaps, found {versions}")
+    return found
+
+
+async def migrate(store: Store, migrations: list[Migration] | None = None) -> MigrationReport:
+    """Apply what the ledger lacks; refuse (applying nothing) if an applied file changed."""
+    migrations = load_migrations() if migrations is None else migrations
+    ledger, applied_now = await store.apply_migrations(
+        [(m.version, m.name, m.checksum, m.sql(store.table)) for m in migrations]
+    )
+    by_version = {m.version: m for m in migrations}
+    applied = [by_version[v] for v in applied_now]
+    already = [by_version[e.version] for e in ledger if e.version in by_version]
+    return MigrationReport(applied=applied, already=already)

@@ -1,0 +1,207 @@
+"""Values that cross module boundaries: claimed rows, parsed envelopes, attempt outcomes.
+
+Outcomes are produced once, at the sink boundary (`sinks/ojs.py`), and consumed by the relay
+(`relay.py`), which turns them into settle groups. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+# ojs-protocol.md §1.2 and §8.2.
+TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
+QUEUE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9\-.]*$")
+LOWER_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+MAX_TYPE_CHARS = 255
+MAX_QUEUE_CHARS = 128
+PRIORITY_RANGE = range(-100, 101)
+DEFAULT_QUEUE = "default"
+# Options that change when or whether a job runs; postgres' batch path drops them
+# (ojs-protocol.md §1.7), so rows carrying them are always published one by one.
+NON_BATCHABLE_OPTIONS = frozenset({"scheduled_at", "delay_until", "expires_at", "unique"})
+
+
+class DeadReason(enum.StrEnum):
+    """Why a row was dead-lettered (the `dead_reason` column; a bounded metric label)."""
+
+    INVALID_ENVELOPE = "invalid_envelope"
+    TOO_LARGE = "too_large"
+    SINK_REJECTED = "sink_rejected"  # 400 invalid_request
+    SINK_TOO_LARGE = "sink_too_large"  # 413
+    SINK_UNPROCESSABLE = "sink_unprocessable"  # 422 validation_error / unsupported
+    CONFLICT = "conflict"  # the id holds a different job on the sink (C2)
+    MAX_ATTEMPTS = "max_attempts"
+
+
+class InvalidEnvelope(ValueError):
+    """The stored job is not a publishable OJS enqueue request."""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """The parts of an OJS enqueue request that relayd checks and reconciles on (C2)."""
+
+    id: str
+    type: str
+    args: list[Any]
+    queue: str
+    meta: dict[str, Any]
+    priority: int | None
+    tags: list[Any] | None
+    batchable: bool
+
+    @classmethod
+    def parse(cls, text: str, event_id: str) -> Envelope:
+        """Parse and validate a stored job; `InvalidEnvelope` says precisely what is wrong."""
+        try:
+            job = json.loads(text)
+        except ValueError as exc:
+            raise InvalidEnvelope(f"not JSON: {exc}") from None
+        if not isinstance(job, dict):
+            raise InvalidEnvelope("the job is not a JSON object")
+        job_id = job.get("id")
+        if not isinstance(job_id, str) or not LOWER_UUID.match(job_id):
+            raise InvalidEnvelope("id is not a lowercase UUID")
+        if job_id != event_id:
+            raise InvalidEnvelope("id differs from event_id")
+        job_type = job.get("type")
+        if not isinstance(job_type, str) or not TYPE_PATTERN.match(job_type):
+            raise InvalidEnvelope(f"type must match {TYPE_PATTERN.pattern}")
+        if len(job_type) > MAX_TYPE_CHARS:
+            raise InvalidEnvelope(f"type is longer than {MAX_TYPE_CHARS} characters")
+        args = job.get("args")
+        if not isinstance(args, list):
+            raise InvalidEnvelope(f"args must be a JSON array, not {_json_type(args)}")
+        meta = job.get("meta", {})
+        if not isinstance(meta, dict):
+            raise InvalidEnvelope(f"meta must be a JSON object, not {_json_type(meta)}")
+        options = job.get("options", {})
+        if not isinstance(options, dict):
+            raise InvalidEnvelope(f"options must be a JSON object, not {_json_type(options)}")
+        queue = _queue(options.get("queue"), "options.queue")
+        if queue is None:
+            queue = _queue(job.get("queue"), "queue")
+        # Routing and policy live under options (a top-level priority is only echoed back).
+        priority = options.get("priority")
+        if priority is not None and (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or priority not in PRIORITY_RANGE
+        ):
+            raise InvalidEnvelope("options.priority must be an integer from -100 to 100")
+        tags = options.get("tags")
+        if tags is not None and not isinstance(tags, list):
+            raise InvalidEnvelope("options.tags must be a JSON array")
+        return cls(
+            id=job_id,
+            type=job_type,
+            args=args,
+            queue=queue or DEFAULT_QUEUE,
+            meta=meta,
+            priority=priority,
+            tags=tags,
+            batchable=NON_BATCHABLE_OPTIONS.isdisjoint(options),
+        )
+
+
+def _queue(value: object, key: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not QUEUE_PATTERN.match(value) or len(value) > MAX_QUEUE_CHARS:
+        raise InvalidEnvelope(f"{key} must match {QUEUE_PATTERN.pattern} (at most 128 chars)")
+    return value
+
+
+def _json_type(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, dict):
+        return "an object"
+    return "an array"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRow:
+    """One row leased by a claim; `job` is the stored text, sent byte for byte."""
+
+    event_id: str
+    job: str
+    attempts: int
+    previous_attempt_at: datetime | None
+    age_s: float
+    claimed_at: float = field(compare=False)  # time.monotonic() when the claim returned
+
+    @property
+    def claimed_before(self) -> bool:
+        """An earlier attempt may have reached the sink: reconcile with a GET first (C2)."""
+        return self.previous_attempt_at is not None
+
+
+# --- outcomes of one publish attempt -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """The sink holds this exact envelope."""
+
+    sink_state: str
+    reconciled: bool = False  # proven by a GET, not by a 2xx to our POST
+    sink_job_id: str | None = None  # a unique policy kept another job instead (200)
+
+
+@dataclass(frozen=True, slots=True)
+class Reconcile:
+    """The answer proves nothing (a 409): GET the id and compare before deciding."""
+
+    error: str
+    existing_job_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryLater:
+    """A failure of this row that may pass (a paused queue, an odd answer); costs an attempt."""
+
+    error: str
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SinkDown:
+    """A failure of the sink, not the row: feeds the circuit breaker (C5).
+
+    `reached` is False when the request certainly never reached the server (connection
+    refused), `severe` when every request will fail until an operator acts (401/403, a wrong
+    base URL): the breaker opens at once.
+    """
+
+    error: str
+    reached: bool = True
+    severe: bool = False
+    retry_after_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """This row can never succeed."""
+
+    reason: DeadReason
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class NotStarted:
+    """The attempt never began (stop or open breaker): release the claim."""
+
+
+Outcome = Published | RetryLater | SinkDown | DeadLetter | NotStarted

@@ -1,0 +1,305 @@
+"""The only asyncpg user: one method per named query in `sql/queries.sql`.
+
+Connection-level failures (refused, reset, server shutting down, statement timeout) are
+translated here into `DatabaseUnavailable`; callers back off and retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+import asyncpg
+
+from relayd.config import OutboxTable
+from relayd.errors import DatabaseUnavailable, MigrationError, SchemaError
+from relayd.models import ClaimedRow
+
+# Columns `relayd run` needs; their absence means the outbox was never migrated.
+RELAY_COLUMNS = frozenset(
+    {
+        "event_id",
+        "job",
+        "created_at",
+        "published_at",
+        "attempts",
+        "available_at",
+        "lease_owner",
+        "last_error",
+        "last_attempt_at",
+        "dead_at",
+        "dead_reason",
+        "sink_state",
+    }
+)
+
+# Failures that say "the database is not reachable right now", not "this statement is wrong".
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.OperatorInterventionError,  # shutdown, cannot connect now, cancelled
+    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
+    asyncpg.exceptions.SerializationError,
+    asyncpg.exceptions.DeadlockDetectedError,
+)
+# Failures an operator must fix (bad password, missing database): retrying will not help.
+FATAL_CONNECT: tuple[type[BaseException], ...] = (
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidCatalogNameError,
+)
+
+_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.M)
+
+
+def load_queries(table: OutboxTable) -> dict[str, str]:
+    """Read the named blocks and bind the table identifiers into them, once."""
+    text = resources.files("relayd").joinpath("sql/queries.sql").read_text(encoding="utf-8")
+    pieces = _NAME_LINE.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(pieces[1::2], pieces[2::2], strict=True):
+        queries[name] = render(body.strip(), table)
+    return queries
+
+
+def render(sql: str, table: OutboxTable) -> str:
+    """Substitute the validated, quoted identifiers for the @placeholders@."""
+    return (
+        sql.replace("@outbox@", table.qualified)
+        .replace("@schema@", table.quoted_schema)
+        .replace("@name@", table.name)
+    )
+
+
+@contextlib.contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except _TRANSIENT as exc:
+        raise DatabaseUnavailable(describe_db_error(exc)) from exc
+
+
+def describe_db_error(exc: BaseException) -> str:
+    """A short, secret-free description of a database failure."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return f"{type(exc).__name__}: {exc.sqlstate}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}"
+    return type(exc).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedMigration:
+    version: int
+    name: str
+    checksum: str
+    applied_at: datetime
+
+
+class Store:
+    """Named queries over an asyncpg pool for one outbox table."""
+
+    def __init__(self, pool: asyncpg.Pool, table: OutboxTable, dsn: str) -> None:
+        self._pool = pool
+        self._dsn = dsn
+        self.table = table
+        self._q = load_queries(table)
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        table: OutboxTable,
+        *,
+        max_size: int = 10,
+        connect_timeout_s: float = 10.0,
+        statement_timeout_s: float = 30.0,
+    ) -> Store:
+        """Open a pool; `DatabaseUnavailable` if PostgreSQL cannot be reached."""
+        with _translated():
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=1,
+                max_size=max_size,
+                timeout=connect_timeout_s,
+                server_settings=_server_settings(statement_timeout_s),
+            )
+        return cls(pool, table, dsn)
+
+    async def close(self) -> None:
+        with contextlib.suppress(*_TRANSIENT):
+            await asyncio.wait_for(self._pool.close(), timeout=5)
+
+    async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
+        with _translated():
+            return await self._pool.fetch(self._q[name], *args)
+
+    # --- the cycle ----------------------------------------------------------------------
+
+    async def claim(self, limit: int, owner: uuid.UUID, lease_s: float) -> list[ClaimedRow]:
+        records = await self._fetch("claim", limit, owner, lease_s)
+        claimed_at = time.monotonic()
+        return [
+            ClaimedRow(
+                event_id=r["event_id"],
+                job=r["job"],
+                attempts=r["attempts"],
+                previous_attempt_at=r["previous_attempt_at"],
+                age_s=r["age_s"],
+                claimed_at=claimed_at,
+            )
+            for r in records
+        ]
+
+    async def settle_published(
+        self, owner: uuid.UUID, event_ids: Sequence[str], sink_states: Sequence[str]
+    ) -> int:
+        return await self._settle("settle_published", owner, event_ids, sink_states)
+
+    async def settle_retry(
+        self,
+        owner: uuid.UUID,
+        event_ids: Sequence[str],
+        delays_s: Sequence[float],
+        errors: Sequence[str],
+        refunds: Sequence[int],
+    ) -> int:
+        return await self._settle("settle_retry", owner, event_ids, delays_s, errors, refunds)
+
+    async def settle_dead(
+        self,
+        owner: uuid.UUID,
+        event_ids: Sequence[str],
+        reasons: Sequence[str],
+        errors: Sequence[str],
+    ) -> int:
+        return await self._settle("settle_dead", owner, event_ids, reasons, errors)
+
+    async def release(
+        self,
+        owner: uuid.UUID,
+        event_ids: Sequence[str],
+        previous_attempt_at: Sequence[datetime | None],
+    ) -> int:
+        return await self._settle("release", owner, event_ids, previous_attempt_at)
+
+    async def _settle(
+        self, name: str, owner: uuid.UUID, event_ids: Sequence[str], *columns: Sequence[Any]
+    ) -> int:
+        """Run one fenced settle; returns how many rows this owner still held."""
+        if not event_ids:
+            return 0
+        records = await self._fetch(name, owner, list(event_ids), *map(list, columns))
+        return len(records)
+
+    async def next_due_s(self) -> float | None:
+        with _translated():
+            value: float | None = await self._pool.fetchval(self._q["next_due_s"])
+        return value
+
+    async def delete_published(self, retention_s: float, limit: int) -> int:
+        with _translated():
+            status: str = await self._pool.execute(self._q["delete_published"], retention_s, limit)
+        return int(status.rsplit(" ", 1)[-1])
+
+    # --- schema ----------------------------------------------------------------------------
+
+    async def check_schema(self) -> None:
+        """`SchemaError` unless the outbox table exists with every relay column."""
+        records = await self._fetch("outbox_columns", self.table.schema_name, self.table.name)
+        present = {r["column_name"] for r in records}
+        if not present:
+            raise SchemaError(f"outbox table {self.table} does not exist: run `relayd migrate`")
+        missing = sorted(RELAY_COLUMNS - present)
+        if missing:
+            raise SchemaError(
+                f"outbox table {self.table} lacks {', '.join(missing)}: run `relayd migrate`"
+            )
+
+    async def apply_migrations(
+        self, migrations: Sequence[tuple[int, str, str, str]]
+    ) -> tuple[list[AppliedMigration], list[int]]:
+        """Apply (version, name, checksum, sql) in order, in one transaction, under an
+        advisory lock; returns the ledger as it was and the versions applied now.
+
+        `MigrationError` (and nothing applied) if an applied migration's checksum differs.
+        """
+        outbox = str(self.table)
+        checksums = {version: checksum for version, _name, checksum, _sql in migrations}
+        with _translated():
+            async with self._pool.acquire() as conn, conn.transaction():
+                await conn.execute(self._q["migrations_lock"], outbox)
+                await conn.execute(self._q["migrations_schema_create"])
+                await conn.execute(self._q["migrations_ledger_create"])
+                ledger = [
+                    AppliedMigration(
+                        version=r["version"],
+                        name=r["name"],
+                        checksum=r["checksum"],
+                        applied_at=r["applied_at"],
+                    )
+                    for r in await conn.fetch(self._q["migrations_applied"], outbox)
+                ]
+                for entry in ledger:
+                    if checksums.get(entry.version, entry.checksum) != entry.checksum:
+                        raise MigrationError(
+                            f"migration {entry.version:04d}_{entry.name} was applied to "
+                            f"{self.table} from a different file; restore the original file"
+                        )
+                done = {m.version for m in ledger}
+                applied_now: list[int] = []
+                for version, name, checksum, sql in migrations:
+                    if version in done:
+                        continue
+                    await conn.execute(sql)
+                    await conn.execute(
+                        self._q["migrations_record"], outbox, version, name, checksum
+                    )
+                    applied_now.append(version)
+        return ledger, applied_now
+
+    # --- wakeup ----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def listen(self, on_notify: Callable[[], None]) -> AsyncIterator[Listener]:
+        """A dedicated connection LISTENing on the outbox's insert channel."""
+        with _translated():
+            conn = await asyncpg.connect(self._dsn, timeout=10)
+        listener = Listener(conn)
+        try:
+            with _translated():
+                conn.add_termination_listener(lambda _conn: listener.lost.set())
+                await conn.add_listener(self.table.channel, lambda *_args: on_notify())
+            yield listener
+        finally:
+            with contextlib.suppress(*_TRANSIENT):
+                await asyncio.wait_for(conn.close(), timeout=5)
+            conn.terminate()
+
+
+class Listener:
+    """A live LISTEN connection: `lost` is set when it breaks; `ping()` proves it is alive."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+        self.lost = asyncio.Event()
+
+    async def ping(self) -> None:
+        with _translated():
+            await self._conn.fetchval("SELECT 1")
+
+
+def _server_settings(statement_timeout_s: float) -> dict[str, str]:
+    return {
+        "application_name": "relayd",
+        "statement_timeout": str(int(statement_timeout_s * 1000)),
+    }

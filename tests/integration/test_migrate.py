@@ -1,0 +1,176 @@
+"""`relayd migrate`: idempotent, serialised, adopting the guide's outbox (design.md §2)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import asyncpg
+import pytest
+
+from relayd.config import OutboxTable
+from relayd.migrate import load_migrations, migrate
+from relayd.store import Store
+from tests.conftest import Database
+
+GUIDE_DDL = """
+CREATE SCHEMA guide_app;
+CREATE TABLE guide_app.outbox (
+    event_id UUID PRIMARY KEY,
+    job JSONB NOT NULL CHECK (job ? 'id' AND job->>'id' = event_id::TEXT),
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    published_at TIMESTAMPTZ
+);
+CREATE INDEX outbox_unsent ON guide_app.outbox (created_at, event_id)
+    WHERE published_at IS NULL;
+"""
+GUIDE_ROWS = [
+    ("018f0000-0000-7000-8000-000000000042", '{"version":1,"order_id":42}', None),
+    ("018f0000-0000-7000-8000-000000000043", '{"version":1,"order_id":43}', "now()"),
+]
+
+
+async def _ledger(conn: asyncpg.Connection, schema: str = "relayd") -> list[tuple[str, int]]:
+    rows = await conn.fetch(
+        f"SELECT outbox_table, version FROM {schema}.relayd_migrations ORDER BY 1, 2"
+    )
+    return [(r["outbox_table"], r["version"]) for r in rows]
+
+
+async def test_migrate_twice_is_idempotent(empty_database: Database) -> None:
+    """A second run applies nothing and leaves one ledger entry per migration."""
+    table = OutboxTable.parse("relayd.outbox")
+    store = await Store.connect(empty_database.dsn, table, max_size=2)
+    try:
+        first = await migrate(store)
+        second = await migrate(store)
+    finally:
+        await store.close()
+    versions = [m.version for m in load_migrations()]
+    assert [m.version for m in first.applied] == versions
+    assert second.applied == []
+    assert [m.version for m in second.already] == versions
+    conn = await asyncpg.connect(empty_database.dsn)
+    try:
+        assert await _ledger(conn) == [("relayd.outbox", v) for v in versions]
+    finally:
+        await conn.close()
+
+
+async def _run_cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "relayd",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_concurrent_migrate_processes_serialise(
+    empty_database: Database, cli_env: dict[str, str]
+) -> None:
+    """Two `relayd migrate` processes at once: both succeed, one schema, one ledger entry each."""
+    env = cli_env | {"RELAYD_DATABASE__DSN": empty_database.dsn}
+    results = await asyncio.gather(
+        _run_cli("migrate", "--json", env=env), _run_cli("migrate", "--json", env=env)
+    )
+    assert [code for code, _, _ in results] == [0, 0], results
+    reports = [json.loads(out) for _, out, _ in results]
+    applied = sorted(len(report["applied"]) for report in reports)
+    assert applied == [0, len(load_migrations())]
+    conn = await asyncpg.connect(empty_database.dsn)
+    try:
+        assert await _ledger(conn) == [("relayd.outbox", m.version) for m in load_migrations()]
+        tables = await conn.fetchval(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'relayd'"
+        )
+        assert tables == 2  # the outbox and the ledger
+    finally:
+        await conn.close()
+
+
+async def test_adopts_guide_shaped_outbox_keeping_rows(empty_database: Database) -> None:
+    """A table made with the guide's DDL keeps its rows and gains the relay columns."""
+    conn = await asyncpg.connect(empty_database.dsn)
+    try:
+        await conn.execute(GUIDE_DDL)
+        for event_id, args, published in GUIDE_ROWS:
+            job = json.dumps(
+                {"id": event_id, "type": "order.fulfill", "args": [json.loads(args)],
+                 "queue": "guide-jobs"}
+            )
+            await conn.execute(
+                "INSERT INTO guide_app.outbox (event_id, job, published_at) "
+                f"VALUES ($1, $2, {published or 'NULL'})",
+                event_id,
+                job,
+            )
+        # A row the relay could never publish: args is an object (the guide's check allows it).
+        await conn.execute(
+            "INSERT INTO guide_app.outbox (event_id, job) VALUES ($1, $2)",
+            "018f0000-0000-7000-8000-000000000044",
+            '{"id":"018f0000-0000-7000-8000-000000000044","type":"order.fulfill","args":{}}',
+        )
+        before = await conn.fetch("SELECT event_id, job, created_at, published_at FROM guide_app.outbox ORDER BY 1")
+
+        table = OutboxTable.parse("guide_app.outbox")
+        store = await Store.connect(empty_database.dsn, table, max_size=2)
+        try:
+            report = await migrate(store)
+            await store.check_schema()
+        finally:
+            await store.close()
+        assert [m.version for m in report.applied] == [m.version for m in load_migrations()]
+
+        after = await conn.fetch(
+            "SELECT event_id, job, created_at, published_at, attempts, dead_reason "
+            "FROM guide_app.outbox ORDER BY 1"
+        )
+        assert [tuple(r)[:4] for r in after] == [tuple(r) for r in before]
+        assert [r["attempts"] for r in after] == [0, 0, 0]
+        assert [r["dead_reason"] for r in after] == [None, None, "invalid_envelope"]
+        assert await _ledger(conn, "guide_app") == [
+            ("guide_app.outbox", m.version) for m in load_migrations()
+        ]
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize(
+    ("job", "constraint"),
+    [
+        (
+            {"id": "{id}", "type": "order.fulfill", "args": {"order_id": 1}},
+            "relayd_job_args_is_array",
+        ),
+        (
+            {"id": "018f0000-0000-7000-8000-0000000000ff", "type": "order.fulfill", "args": []},
+            "relayd_job_id_matches_event_id",
+        ),
+        ({"id": "{id}", "type": 7, "args": []}, "relayd_job_type_is_string"),
+        ({"id": "{id}", "type": "a.b", "args": [], "meta": [1]}, "relayd_job_meta_is_object"),
+    ],
+)
+async def test_bad_outbox_row_fails_the_producer_transaction(
+    conn: asyncpg.Connection, job: dict[str, object], constraint: str
+) -> None:
+    """A bad envelope fails the application's transaction, naming the check; nothing commits."""
+    event_id = "018f0000-0000-7000-8000-000000000001"
+    body = json.dumps(job).replace("{id}", event_id)
+    await conn.execute("CREATE TABLE orders (id int PRIMARY KEY, paid bool)")
+    with pytest.raises(asyncpg.CheckViolationError) as caught:
+        async with conn.transaction():
+            await conn.execute("INSERT INTO orders VALUES (42, true)")
+            await conn.execute(
+                "INSERT INTO relayd.outbox (event_id, job) VALUES ($1, $2)", event_id, body
+            )
+    assert constraint in str(caught.value)
+    assert await conn.fetchval("SELECT count(*) FROM orders") == 0
+    assert await conn.fetchval("SELECT count(*) FROM relayd.outbox") == 0
