@@ -205,3 +205,16 @@ class NotStarted:
 
 
 Outcome = Published | RetryLater | SinkDown | DeadLetter | NotStarted
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MAX_ERROR_BYTES = 512
+
+
+def clean_error(text: str) -> str:
+    """`last_error` text: control characters stripped, at most 512 UTF-8 bytes."""
+    text = _CONTROL.sub(" ", text)
+    data = text.encode()
+    if len(data) <= MAX_ERROR_BYTES:
+        return text
+    return data[: MAX_ERROR_BYTES - 3].decode(errors="ignore") + "..."

@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 
 from relayd.config import OutboxTable
-from relayd.errors import DatabaseUnavailable, MigrationError, SchemaError
+from relayd.errors import ConfigError, DatabaseUnavailable, MigrationError, SchemaError
 from relayd.models import ClaimedRow
 
 # Columns `relayd run` needs; their absence means the outbox was never migrated.
@@ -124,15 +124,24 @@ class Store:
         connect_timeout_s: float = 10.0,
         statement_timeout_s: float = 30.0,
     ) -> Store:
-        """Open a pool; `DatabaseUnavailable` if PostgreSQL cannot be reached."""
-        with _translated():
-            pool = await asyncpg.create_pool(
-                dsn,
-                min_size=1,
-                max_size=max_size,
-                timeout=connect_timeout_s,
-                server_settings=_server_settings(statement_timeout_s),
-            )
+        """Open a pool; `DatabaseUnavailable` if PostgreSQL cannot be reached, `ConfigError`
+        if it refuses us for good (bad credentials, no such database, a malformed DSN)."""
+        try:
+            with _translated():
+                pool = await asyncpg.create_pool(
+                    dsn,
+                    min_size=1,
+                    max_size=max_size,
+                    timeout=connect_timeout_s,
+                    server_settings=_server_settings(statement_timeout_s),
+                )
+        except FATAL_CONNECT as exc:
+            raise ConfigError(
+                "database.dsn", f"the server refused the connection: {type(exc).__name__}"
+            ) from None
+        except (ValueError, asyncpg.ClientConfigurationError) as exc:
+            # The message may quote the DSN, which may hold a password: name the type only.
+            raise ConfigError("database.dsn", f"invalid DSN ({type(exc).__name__})") from None
         return cls(pool, table, dsn)
 
     async def close(self) -> None:
@@ -162,7 +171,7 @@ class Store:
 
     async def settle_published(
         self, owner: uuid.UUID, event_ids: Sequence[str], sink_states: Sequence[str]
-    ) -> int:
+    ) -> set[str]:
         return await self._settle("settle_published", owner, event_ids, sink_states)
 
     async def settle_retry(
@@ -172,7 +181,7 @@ class Store:
         delays_s: Sequence[float],
         errors: Sequence[str],
         refunds: Sequence[int],
-    ) -> int:
+    ) -> set[str]:
         return await self._settle("settle_retry", owner, event_ids, delays_s, errors, refunds)
 
     async def settle_dead(
@@ -181,7 +190,7 @@ class Store:
         event_ids: Sequence[str],
         reasons: Sequence[str],
         errors: Sequence[str],
-    ) -> int:
+    ) -> set[str]:
         return await self._settle("settle_dead", owner, event_ids, reasons, errors)
 
     async def release(
@@ -189,22 +198,26 @@ class Store:
         owner: uuid.UUID,
         event_ids: Sequence[str],
         previous_attempt_at: Sequence[datetime | None],
-    ) -> int:
+    ) -> set[str]:
         return await self._settle("release", owner, event_ids, previous_attempt_at)
 
     async def _settle(
         self, name: str, owner: uuid.UUID, event_ids: Sequence[str], *columns: Sequence[Any]
-    ) -> int:
-        """Run one fenced settle; returns how many rows this owner still held."""
+    ) -> set[str]:
+        """Run one fenced settle; returns the ids this owner still held (and so updated)."""
         if not event_ids:
-            return 0
+            return set()
         records = await self._fetch(name, owner, list(event_ids), *map(list, columns))
-        return len(records)
+        return {record[0] for record in records}
 
     async def next_due_s(self) -> float | None:
         with _translated():
             value: float | None = await self._pool.fetchval(self._q["next_due_s"])
         return value
+
+    async def ping(self) -> None:
+        with _translated():
+            await self._pool.fetchval(self._q["ping"])
 
     async def delete_published(self, retention_s: float, limit: int) -> int:
         with _translated():

@@ -147,3 +147,8 @@ ORDER BY version;
 -- params: $1 outbox table text, $2 version int, $3 name text, $4 checksum text
 INSERT INTO @schema@.relayd_migrations (outbox_table, version, name, checksum)
 VALUES ($1, $2, $3, $4);
+
+-- name: ping
+-- Readiness: the database answers.
+-- params: none
+SELECT 1;

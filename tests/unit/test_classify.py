@@ -1,0 +1,210 @@
+"""The OJS answer -> outcome table (ojs-protocol.md §1.10) and the semantic compare (§1.6)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+
+from relayd.models import (
+    DeadLetter,
+    DeadReason,
+    Envelope,
+    Published,
+    Reconcile,
+    RetryLater,
+    SinkDown,
+)
+from relayd.sinks.ojs import (
+    NotFound,
+    Response,
+    classify_exception,
+    classify_get,
+    classify_post,
+    differences,
+    json_equal,
+    parse_error,
+    plan_batches,
+)
+
+ID = "019539a4-aaaa-7000-8000-111111111111"
+OTHER = "019539a4-bbbb-7000-8000-222222222222"
+
+
+def _answer(status: int, body: Any = None, retry_after: str | None = None) -> Response:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode() if body else b""
+    return Response(status=status, body=raw, retry_after=retry_after)
+
+
+def _err(code: str, **details: Any) -> dict[str, Any]:
+    return {"error": {"code": code, "message": "m", "retryable": False, "details": details}}
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (_answer(201, {"job": {"id": ID, "state": "available"}}), Published("available")),
+        (_answer(200, {"job": {"id": ID, "state": "scheduled"}}), Published("scheduled")),
+        (
+            _answer(200, {"job": {"id": OTHER, "state": "available"}}),
+            Published("deduplicated", sink_job_id=OTHER),
+        ),
+        (_answer(201, b"<html>ok</html>"), RetryLater("HTTP 201 with an unreadable body")),
+        (_answer(400, _err("invalid_request")), DeadLetter(DeadReason.SINK_REJECTED, "HTTP 400: invalid_request: m")),
+        (_answer(413, _err("invalid_request")), DeadLetter(DeadReason.SINK_TOO_LARGE, "HTTP 413: invalid_request: m")),
+        (_answer(422, _err("validation_error")), DeadLetter(DeadReason.SINK_UNPROCESSABLE, "HTTP 422: validation_error: m")),
+        (_answer(409, _err("duplicate")), Reconcile("HTTP 409: duplicate: m")),
+        (_answer(409, _err("duplicate", existing_job_id=OTHER)), Reconcile("HTTP 409: duplicate: m", OTHER)),
+        (_answer(409, _err("conflict")), Reconcile("HTTP 409: conflict: m")),
+        (_answer(409, _err("queue_paused"), "5"), RetryLater("HTTP 409: queue_paused: m", 5.0)),
+        (_answer(422, _err("queue_paused")), RetryLater("HTTP 422: queue_paused: m")),
+        (_answer(401, _err("unauthorized")), SinkDown("HTTP 401: unauthorized: m (check sink.token_file)", severe=True)),
+        (_answer(403, b""), SinkDown("HTTP 403 (check sink.token_file)", severe=True)),
+        (_answer(404, b"not found"), SinkDown("HTTP 404 (check sink.url)", severe=True)),
+        (_answer(302, b""), SinkDown("HTTP 302 (check sink.url)", severe=True)),
+        (_answer(429, _err("rate_limited"), "7"), SinkDown("HTTP 429: rate_limited: m", retry_after_s=7.0)),
+        (_answer(500, _err("internal_error")), SinkDown("HTTP 500: internal_error: m")),
+        (_answer(503, b"upstream down"), SinkDown("HTTP 503")),
+        (_answer(418, b""), RetryLater("HTTP 418")),
+    ],
+)
+def test_classify_post(answer: Response, expected: object) -> None:
+    """Every POST answer maps to exactly one outcome; a 409 alone proves nothing (C2)."""
+    assert classify_post(answer, ID) == expected
+
+
+def _envelope(**job: Any) -> Envelope:
+    base: dict[str, Any] = {"id": ID, "type": "order.fulfill", "args": [{"order_id": 42}]}
+    base.update(job)
+    return Envelope.parse(json.dumps(base), ID)
+
+
+def test_get_match_is_published_as_reconciled() -> None:
+    """A GET showing our job (reformatted by the server) proves delivery."""
+    envelope = _envelope(meta={"trace_id": "t"}, options={"queue": "orders", "priority": 5})
+    job = {
+        "id": ID,
+        "type": "order.fulfill",
+        "state": "completed",
+        "queue": "orders",
+        "args": [{"order_id": 42.0}],
+        "meta": {"trace_id": "t", "added_by_server": 1},
+        "priority": 5,
+        "created_at": "2026-01-01T00:00:00.000Z",
+    }
+    assert classify_get(_answer(200, {"job": job}), envelope) == Published(
+        "completed", reconciled=True
+    )
+
+
+def test_get_mismatch_is_a_conflict() -> None:
+    """Another job under our id is dead-lettered as a conflict, never published (C2)."""
+    envelope = _envelope()
+    job = {"id": ID, "type": "order.fulfill", "queue": "default", "args": [{"order_id": 43}]}
+    outcome = classify_get(_answer(200, {"job": job}), envelope)
+    assert isinstance(outcome, DeadLetter)
+    assert outcome.reason is DeadReason.CONFLICT
+    assert "args" in outcome.error
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (_answer(404, _err("not_found")), NotFound()),
+        (_answer(200, b"garbage"), RetryLater("GET: HTTP 200 with an unreadable body")),
+        (_answer(503, b""), SinkDown("GET: HTTP 503")),
+        (_answer(403, b""), SinkDown("GET: HTTP 403 (check sink.token_file)", severe=True)),
+        (_answer(404 + 1, b""), RetryLater("GET: HTTP 405")),
+    ],
+)
+def test_classify_get_failures(answer: Response, expected: object) -> None:
+    """404 means "not there, POST"; a 404 on GET is not a configuration error."""
+    assert classify_get(answer, _envelope()) == expected
+
+
+@pytest.mark.parametrize(
+    ("job", "diff"),
+    [
+        ({}, []),
+        ({"queue": "other"}, ["queue"]),
+        ({"type": "order.cancel"}, ["type"]),
+        ({"args": [{"order_id": "42"}]}, ["args"]),
+        ({"args": [{"order_id": True}]}, ["args"]),
+        ({"meta": {}}, ["meta"]),
+        ({"priority": 0}, ["priority"]),
+    ],
+)
+def test_differences_compares_by_meaning(job: dict[str, Any], diff: list[str]) -> None:
+    """id/type exact, effective queue, args by JSON value, only sent meta keys, priority."""
+    envelope = _envelope(meta={"k": [1, 2]}, options={"queue": "q1", "priority": 3})
+    sink_job = {
+        "id": ID,
+        "type": "order.fulfill",
+        "queue": "q1",
+        "args": [{"order_id": 42}],
+        "meta": {"k": [1.0, 2]},
+        "priority": 3,
+    }
+    assert differences(envelope, sink_job | job) == diff
+
+
+def test_top_level_queue_is_the_effective_queue_without_options() -> None:
+    """The guide's envelopes route with a top-level queue (ojs-protocol.md §0)."""
+    envelope = _envelope(queue="guide-jobs")
+    assert envelope.queue == "guide-jobs"
+    job = {"id": ID, "type": "order.fulfill", "queue": "guide-jobs", "args": [{"order_id": 42}]}
+    assert differences(envelope, job) == []
+    assert differences(envelope, job | {"queue": None}) == ["queue"]
+
+
+def test_json_equal_keeps_booleans_apart_from_numbers() -> None:
+    """1 == 1.0 in JSON, but true is not 1 and "1" is not 1."""
+    assert json_equal({"a": [1, 2.5]}, {"a": [1.0, 2.5]})
+    assert not json_equal(True, 1)
+    assert not json_equal("1", 1)
+    assert not json_equal(None, {})
+    assert not json_equal([1], [1, 1])
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "message"),
+    [
+        (b'{"error": {"code": "duplicate", "message": "dup"}}', "duplicate", "dup"),
+        (b'{"code": "DUPLICATE_JOB", "message": "dup"}', "duplicate", "dup"),
+        (b'{"error": "PayloadTooLarge", "message": "big"}', "payloadtoolarge", "big"),
+        (b"not json", None, None),
+        (b'["x"]', None, None),
+    ],
+)
+def test_parse_error_is_lenient(body: bytes, code: str | None, message: str | None) -> None:
+    """Wrapped, unwrapped and string-coded error bodies all parse (ojs-protocol.md §1.4)."""
+    error = parse_error(body)
+    assert (error.code, error.message) == (code, message)
+
+
+def test_transport_failures_say_whether_the_request_left() -> None:
+    """Connection refused never reached the sink; a reset mid-request may have."""
+    refused = aiohttp.ClientConnectorError(
+        aiohttp.client_reqrep.ConnectionKey("h", 1, False, True, None, None, None),
+        ConnectionRefusedError(111, "Connection refused"),
+    )
+    assert classify_exception(refused) == SinkDown(
+        "cannot connect: Connection refused", reached=False
+    )
+    dropped = classify_exception(aiohttp.ServerDisconnectedError())
+    assert dropped.reached
+    assert not dropped.severe
+
+
+def test_plan_batches_bounds_jobs_and_bytes() -> None:
+    """Batches hold at most max_jobs jobs and max_bytes bytes, in claim order."""
+    from tests.unit.test_models import claimed  # noqa: PLC0415
+
+    rows = [claimed(job_bytes=100) for _ in range(25)]
+    batches = plan_batches(rows, max_jobs=10, max_bytes=10_000)
+    assert [len(b) for b in batches] == [10, 10, 5]
+    batches = plan_batches(rows, max_jobs=100, max_bytes=1_000)
+    assert all(sum(len(r.job) + 1 for r in b) + 11 <= 1_000 for b in batches)
+    assert [r for b in batches for r in b] == rows

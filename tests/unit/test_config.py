@@ -1,0 +1,170 @@
+"""Configuration: TOML + environment + secret files, one-line errors, redaction."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from relayd.cli import main
+from relayd.config import OutboxTable, Settings, load_settings, redact_dsn
+from relayd.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "config.example.toml"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No RELAYD_* variable of the developer's shell leaks into these tests."""
+    import os  # noqa: PLC0415
+
+    for key in list(os.environ):
+        if key.startswith("RELAYD_"):
+            monkeypatch.delenv(key)
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "relayd.toml"
+    path.write_text(text)
+    return path
+
+
+def test_example_config_loads_and_documents_every_key() -> None:
+    """config.example.toml is valid and lists every setting (commented out if unset)."""
+    settings = load_settings(EXAMPLE)
+    assert settings == Settings()
+    text = EXAMPLE.read_text()
+    documented = tomllib.loads(text)
+    for section, model in Settings.model_fields.items():
+        assert f"[{section}]" in text
+        assert model.annotation is not None
+        for key in model.annotation.model_fields:  # type: ignore[union-attr]
+            assert key in documented.get(section, {}) or f"# {key} = " in text, (
+                f"{section}.{key} is not documented in config.example.toml"
+            )
+
+
+def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RELAYD_<SECTION>__<KEY> wins over the TOML file."""
+    path = _write(tmp_path, "[relay]\nworkers = 2\n[sink]\nurl = 'http://a:1'\n")
+    monkeypatch.setenv("RELAYD_RELAY__WORKERS", "7")
+    settings = load_settings(path)
+    assert settings.relay.workers == 7
+    assert settings.sink_url == "http://a:1"
+
+
+def test_config_path_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RELAYD_CONFIG names the file when --config is absent; a named missing file is an error."""
+    monkeypatch.setenv("RELAYD_CONFIG", str(_write(tmp_path, "[relay]\nworkers = 3\n")))
+    assert load_settings().relay.workers == 3
+    monkeypatch.setenv("RELAYD_CONFIG", str(tmp_path / "missing.toml"))
+    with pytest.raises(ConfigError, match="file not found"):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "key", "reason"),
+    [
+        ('[outbox]\ntable = "x; drop"\n', {}, "outbox.table", "invalid table name"),
+        ('[outbox]\ntable = "a.b.c"\n', {}, "outbox.table", "invalid table name"),
+        ('[outbox]\ntable = "Outbox"\n', {}, "outbox.table", "invalid table name"),
+        ("[sink]\nbogus = 1\n", {}, "sink.bogus", "unknown key"),
+        ("[nope]\nx = 1\n", {}, "nope", "unknown key"),
+        ("[relay]\nworkers = 0\n", {}, "relay.workers", "greater than or equal to 1"),
+        ("", {"RELAYD_RELAY__WORKERS": "many"}, "relay.workers", "valid integer"),
+        ("", {"RELAYD_SINK__SURPRISE": "1"}, "sink.surprise", "unknown key"),
+        ("[relay]\nlease_s = 15\n", {}, "relay.lease_s", "greater than 2 x sink.timeout_s"),
+        ('[sink]\nurl = "ftp://x"\n', {}, "sink.url", "http:// or https://"),
+        ('[sink]\nurl = "http://u:p@x"\n', {}, "sink.url", "sink.token_file"),
+        ('[http]\nlisten = "9464"\n', {}, "http.listen", "HOST:PORT"),
+        ("[relay\n", {}, "config", "invalid TOML"),
+        ('[database]\ndsn = "x"\ndsn_file = "/y"\n', {}, "database", "not both"),
+        ('[sink]\ntoken_file = "/nonexistent/token"\n', {}, "sink.token_file", "cannot read"),
+    ],
+)
+def test_bad_config_names_the_key(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    text: str,
+    env: dict[str, str],
+    key: str,
+    reason: str,
+) -> None:
+    """Every invalid setting becomes one ConfigError naming its key and the reason."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(_write(tmp_path, text))
+    assert caught.value.key == key
+    assert reason in caught.value.reason
+    assert "\n" not in str(caught.value)
+
+
+def test_secrets_come_from_files_and_never_show(tmp_path: Path) -> None:
+    """dsn_file and token_file are read at load; repr and redacted() hide their content."""
+    dsn_file = tmp_path / "dsn"
+    dsn_file.write_text("postgresql://relayd:hunter2@db/app\n")
+    token_file = tmp_path / "token"
+    token_file.write_text("tok-3xyz\n")
+    settings = load_settings(
+        _write(
+            tmp_path,
+            f'[database]\ndsn_file = "{dsn_file}"\n[sink]\nurl = "http://x:1"\n'
+            f'token_file = "{token_file}"\n',
+        )
+    )
+    assert settings.dsn == "postgresql://relayd:hunter2@db/app"
+    assert settings.sink.token is not None
+    assert settings.sink.token.get_secret_value() == "tok-3xyz"
+    shown = repr(settings) + str(settings.redacted())
+    assert "hunter2" not in shown
+    assert "tok-3xyz" not in shown
+    assert settings.redacted()["database"]["dsn"] == "postgresql://relayd:***@db/app"
+
+
+@pytest.mark.parametrize(
+    ("dsn", "expected"),
+    [
+        ("postgresql://u:secret@h:5432/db", "postgresql://u:***@h:5432/db"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("postgres://u:p%40ss@h/db?sslmode=require&password=x", "postgres://u:***@h/db?sslmode=require&password=***"),
+        ("host=h user=u password=secret dbname=d", "host=h user=u password=*** dbname=d"),
+        ("host=h password='se cret' dbname=d", "host=h password=*** dbname=d"),
+    ],
+)
+def test_redact_dsn(dsn: str, expected: str) -> None:
+    """Passwords in URL userinfo, query parameters and key=value DSNs are redacted."""
+    assert redact_dsn(dsn) == expected
+
+
+def test_outbox_table_is_quoted_and_channel_sized() -> None:
+    """The validated name is quoted for SQL; bare names land in public."""
+    assert OutboxTable.parse("relayd.outbox").qualified == '"relayd"."outbox"'
+    assert OutboxTable.parse("outbox").channel == "public.outbox"
+    with pytest.raises(ValueError, match="too long"):
+        OutboxTable.parse("a" * 40 + "." + "b" * 40)
+
+
+def test_cli_config_show_redacts_the_password(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`relayd config show` prints no password (TOML and --json)."""
+    path = _write(tmp_path, '[database]\ndsn = "postgresql://app:s3cr3t@db:5432/app"\n')
+    assert main(["config", "show", "--config", str(path)]) == 0
+    assert main(["config", "show", "--json", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "s3cr3t" not in out
+    assert 'dsn = "postgresql://app:***@db:5432/app"' in out
+
+
+def test_cli_bad_table_exits_2_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config with outbox.table = "x; drop" exits 2 with one line naming outbox.table."""
+    path = _write(tmp_path, '[outbox]\ntable = "x; drop"\n')
+    assert main(["config", "show", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("relayd: config error: outbox.table: ")

@@ -1,0 +1,132 @@
+"""Backoff, Retry-After and the circuit breaker (relayd/retry.py), with a seeded RNG and a
+fake clock."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+
+import pytest
+
+from relayd.retry import Backoff, BreakerState, CircuitBreaker, Permit, parse_retry_after
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_backoff_is_full_jitter_under_an_exponential_ceiling() -> None:
+    """Attempt n waits uniformly in [0, min(cap, base * 2^(n-1))]."""
+    backoff = Backoff(base_s=0.5, cap_s=8.0, rng=random.Random(7))
+    for attempt, ceiling in [(1, 0.5), (2, 1.0), (3, 2.0), (4, 4.0), (5, 8.0), (30, 8.0)]:
+        delays = [backoff.delay_s(attempt) for _ in range(200)]
+        assert all(0.0 <= d <= ceiling for d in delays)
+        assert max(delays) > ceiling * 0.9  # the whole range is used
+
+
+def test_backoff_is_reproducible_with_a_seed() -> None:
+    """The same seed gives the same delays (tests and benchmarks rely on it)."""
+    first = Backoff(1.0, 60.0, random.Random(42))
+    second = Backoff(1.0, 60.0, random.Random(42))
+    assert [first.delay_s(n) for n in range(1, 10)] == [second.delay_s(n) for n in range(1, 10)]
+
+
+def test_retry_after_replaces_backoff_and_is_capped() -> None:
+    """A server's Retry-After wins over the computed backoff, capped at cap_s (C5)."""
+    backoff = Backoff(1.0, 30.0, random.Random(1))
+    assert backoff.delay_s(1, retry_after_s=12.0) == 12.0
+    assert backoff.delay_s(1, retry_after_s=3600.0) == 30.0
+    assert backoff.delay_s(1, retry_after_s=-5.0) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, None),
+        ("120", 120.0),
+        (" 7 ", 7.0),
+        ("Wed, 21 Oct 2026 07:28:30 GMT", 30.0),
+        ("Wed, 21 Oct 2026 07:27:00 GMT", 0.0),  # in the past
+        ("soon", None),
+        ("-3", None),
+    ],
+)
+def test_parse_retry_after(header: str | None, expected: float | None) -> None:
+    """Retry-After is delta-seconds or an HTTP date; garbage is ignored."""
+    now = datetime(2026, 10, 21, 7, 28, 0, tzinfo=UTC)
+    assert parse_retry_after(header, now) == expected
+
+
+def _breaker(clock: FakeClock, threshold: int = 3) -> CircuitBreaker:
+    return CircuitBreaker(
+        threshold=threshold, cooldown_s=10.0, cap_s=60.0, rng=random.Random(3), clock=clock
+    )
+
+
+def test_breaker_opens_after_consecutive_failures_only() -> None:
+    """A success between failures resets the count; `threshold` in a row opens it."""
+    clock = FakeClock()
+    breaker = _breaker(clock)
+    assert not breaker.record_failure()
+    assert not breaker.record_failure()
+    breaker.record_success()
+    assert not breaker.record_failure()
+    assert not breaker.record_failure()
+    assert breaker.record_failure()
+    assert breaker.state is BreakerState.OPEN
+
+
+def test_breaker_opens_at_once_on_a_severe_failure() -> None:
+    """401/403 or a wrong URL fail every request: no need to wait for a streak."""
+    breaker = _breaker(FakeClock())
+    assert breaker.record_failure(severe=True)
+    assert breaker.state is BreakerState.OPEN
+
+
+def test_breaker_probes_once_after_a_jittered_cooldown() -> None:
+    """Open: wait; after the cooldown one probe permit; others wait for its verdict."""
+    clock = FakeClock()
+    breaker = _breaker(clock, threshold=1)
+    breaker.record_failure()
+    wait = breaker.permit()
+    assert isinstance(wait, float)
+    assert 5.0 <= wait <= 10.0  # half to all of the first cooldown
+    clock.now += wait
+    assert breaker.permit() is Permit.PROBE
+    assert breaker.state is BreakerState.HALF_OPEN
+    assert breaker.permit() is None  # the probe is out: wait for it
+    assert breaker.record_success()
+    assert breaker.state is BreakerState.CLOSED
+    assert breaker.permit() is Permit.CLAIM
+
+
+def test_failed_probe_reopens_with_a_longer_cooldown() -> None:
+    """Each reopening doubles the cooldown ceiling, up to the cap."""
+    clock = FakeClock()
+    breaker = _breaker(clock, threshold=1)
+    breaker.record_failure()
+    waits = []
+    for _ in range(5):
+        wait = breaker.permit()
+        assert isinstance(wait, float)
+        waits.append(wait)
+        clock.now += wait
+        assert breaker.permit() is Permit.PROBE
+        assert breaker.record_failure()
+    ceilings = [10.0, 20.0, 40.0, 60.0, 60.0]
+    assert all(c / 2 <= w <= c for w, c in zip(waits, ceilings, strict=True))
+
+
+def test_probe_that_told_nothing_can_be_retried() -> None:
+    """A probe that found no row ends without a verdict; the next asker gets the probe."""
+    clock = FakeClock()
+    breaker = _breaker(clock, threshold=1)
+    breaker.record_failure()
+    clock.now += 100
+    assert breaker.permit() is Permit.PROBE
+    breaker.end_probe()
+    assert breaker.permit() is Permit.PROBE
