@@ -75,6 +75,39 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="print JSON instead of TOML")
     show.set_defaults(handler=_config_show)
 
+    demo = commands.add_parser(
+        "demo", help="run the main job end to end on an embedded PostgreSQL and the emulator"
+    )
+    demo.add_argument("--rows", type=int, default=10_000, help="orders to commit (10,000)")
+    demo.set_defaults(handler=_demo)
+
+    emulator = commands.add_parser(
+        "emulator", help="serve the in-memory OJS emulator (for demos and tests)"
+    )
+    emulator.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT")
+    emulator.add_argument(
+        "--duplicate-mode",
+        choices=("spec409", "overwrite", "pk500"),
+        default="spec409",
+        help="a reused job id: 409 (conformance), silent overwrite (redis, lite), 500 (postgres)",
+    )
+    emulator.add_argument(
+        "--queue-source",
+        choices=("options", "top_level", "either"),
+        default="options",
+        help="where the job's queue is read (OJS binding, the guide's gateway, or both)",
+    )
+    emulator.add_argument("--batch-atomic", action=argparse.BooleanOptionalAction, default=True)
+    emulator.add_argument(
+        "--batch",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="serve POST /ojs/v1/jobs/batch and advertise it in the manifest",
+    )
+    emulator.add_argument("--auth-token-file", metavar="PATH")
+    emulator.add_argument("--retention-s", type=float, metavar="SECONDS")
+    emulator.set_defaults(handler=_emulator)
+
     return parser
 
 
@@ -125,6 +158,37 @@ def _migrate(args: argparse.Namespace) -> int:
     else:
         count = len(result["already_applied"])
         print(f"{result['table']}: up to date ({count} migration{'s' * (count != 1)} applied)")
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from relayd.demo import run_demo  # noqa: PLC0415 - needs the `embedded` extra
+
+    if args.rows < 1:
+        raise ConfigError("--rows", "must be at least 1")
+    return run_demo(args.rows)
+
+
+def _emulator(args: argparse.Namespace) -> int:
+    from relayd.config import parse_listen  # noqa: PLC0415
+    from relayd.testing.emulator import config_from_options, serve  # noqa: PLC0415
+
+    try:
+        host, port = parse_listen(args.listen)
+    except ValueError as exc:
+        raise ConfigError("--listen", str(exc)) from None
+    try:
+        config = config_from_options(
+            duplicate_mode=args.duplicate_mode,
+            queue_source=args.queue_source,
+            batch_atomic=args.batch_atomic,
+            batch_enqueue=args.batch,
+            auth_token_file=args.auth_token_file,
+            retention_s=args.retention_s,
+        )
+    except ValueError as exc:
+        raise ConfigError("emulator", str(exc)) from None
+    serve(host, port, config)
     return EXIT_OK
 
 

@@ -31,6 +31,7 @@ class EmbeddedPostgres:
 
     def start(self) -> Self:
         server_module = _import_embedded()
+        self._base.mkdir(parents=True, exist_ok=True)
         self._server = server_module.get_server(self._base / "data", cleanup_mode="delete")
         settings = "".join(
             f"ALTER SYSTEM SET {name} = '{value}';\n" for name, value in _SCRATCH_SETTINGS.items()

@@ -1,0 +1,406 @@
+"""`relayd demo` (`make demo`): the main job end to end on a laptop, nothing to install.
+
+1. an embedded PostgreSQL and the OJS emulator (a separate process, with a few scripted
+   faults: answers lost after the job was stored, 503s);
+2. `relayd migrate`, then `relayd run` as a subprocess;
+3. a producer that commits business rows and outbox rows together (and one rolled-back
+   transaction that leaves neither), plus a few poison rows;
+4. a progress bar until the outbox is drained, then a summary, and a check of the
+   emulator's ledger against the outbox: every published id on the sink exactly once, with
+   an identical envelope.
+
+The demo plays the application and the operator, so it talks to PostgreSQL directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+from relayd.config import OutboxTable
+from relayd.migrate import migrate
+from relayd.models import Envelope
+from relayd.producer import enqueue, enqueue_many, new_job, uuid7
+from relayd.sinks.ojs import differences
+from relayd.store import Store
+from relayd.testing.postgres import EmbeddedPostgres
+
+TABLE = OutboxTable.parse("relayd.outbox")
+ORDERS_PER_TX = 50
+_READY_TIMEOUT_S = 30.0
+_DRAIN_TIMEOUT_S = 600.0
+# Scripted sink misbehaviour, so the summary shows reconciliation at work.
+DEMO_FAULTS: list[dict[str, Any]] = [
+    {"action": "store_then_drop", "method": "POST", "path": "/ojs/v1/jobs/batch", "times": 2},
+    {"action": "store_then_drop", "method": "POST", "path": "/ojs/v1/jobs", "times": 3},
+    {"action": "status", "method": "POST", "path": "/ojs/v1/jobs/batch", "status": 503, "times": 3},
+]
+
+
+@dataclass
+class Summary:
+    committed: int = 0
+    orders: int = 0
+    poison: dict[str, str] = field(default_factory=dict)  # event id -> expected reason
+    published: int = 0
+    reconciled: int = 0
+    dead: dict[str, int] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+    span_s: float = 0.0  # first commit to last publish, on the database clock
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+
+def run_demo(rows: int) -> int:
+    """Run the demo; returns the process exit code."""
+    try:
+        return asyncio.run(_demo(rows))
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _demo(rows: int) -> int:
+    base = Path(tempfile.mkdtemp(prefix="relayd-demo-"))
+    print("relayd demo")
+    async with AsyncExitStack() as stack:
+        pg = EmbeddedPostgres(base / "pg").start()
+        stack.callback(pg.stop)
+        admin = await asyncpg.connect(pg.dsn())
+        await admin.execute("CREATE DATABASE demo")
+        await admin.close()
+        dsn = pg.dsn("demo")
+        print(f"  PostgreSQL    embedded, socket in {base / 'pg'}")
+
+        sink_url = await stack.enter_async_context(_emulator_process(base))
+        print(f"  OJS emulator  {sink_url} (separate process)")
+        async with aiohttp.ClientSession() as http:
+            await http.post(f"{sink_url}/_emulator/faults", json=DEMO_FAULTS)
+        print("  sink faults   2 batch answers and 3 single answers lost after storing; 3 x 503")
+
+        store = await Store.connect(dsn, TABLE, max_size=2)
+        try:
+            report = await migrate(store)
+        finally:
+            await store.close()
+        names = ", ".join(f"{m.version:04d}_{m.name}" for m in report.applied)
+        print(f"  migrate       applied {names} to {TABLE}")
+
+        conn = await asyncpg.connect(dsn)  # the application's
+        stack.push_async_callback(conn.close)
+        watch = await asyncpg.connect(dsn)  # the operator's
+        stack.push_async_callback(watch.close)
+        await _rolled_back_order(conn)
+
+        metrics_port = _free_port()
+        relay = await stack.enter_async_context(_relay_process(base, dsn, sink_url, metrics_port))
+        print(f"  relayd run    pid {relay.pid}, 4 workers, batch auto")
+        print()
+        summary = Summary()
+        started = time.monotonic()
+        producing = asyncio.create_task(_produce(conn, rows, summary))
+        await _progress(watch, producing, rows, started)
+        await producing
+        summary.elapsed_s = time.monotonic() - started
+        summary.reconciled = await _scrape_reconciled(metrics_port)
+        await _stop_relay(relay, summary)
+        await _tally(watch, summary)
+        await _check_ledger(watch, sink_url, summary)
+    _print_summary(summary)
+    if summary.problems:
+        print(f"  logs kept in {base}")
+        return 1
+    shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+@asynccontextmanager
+async def _emulator_process(base: Path) -> AsyncIterator[str]:
+    port = _free_port()
+    log = (base / "emulator.log").open("wb")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "relayd",
+        "emulator",
+        "--listen",
+        f"127.0.0.1:{port}",
+        stdout=log,
+        stderr=log,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await _await_http(f"{url}/ojs/v1/health", process)
+        yield url
+    finally:
+        await _terminate(process)
+        log.close()
+
+
+@asynccontextmanager
+async def _relay_process(
+    base: Path, dsn: str, sink_url: str, metrics_port: int
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    config = base / "relayd.toml"
+    config.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYD_")} | {
+        "RELAYD_CONFIG": str(config),
+        "RELAYD_DATABASE__DSN": dsn,
+        "RELAYD_SINK__URL": sink_url,
+        "RELAYD_HTTP__LISTEN": f"127.0.0.1:{metrics_port}",
+        "RELAYD_LOG__FORMAT": "json",
+        # Short backoff so the demo's injected faults resolve in seconds.
+        "RELAYD_RETRY__BASE_S": "0.05",
+        "RELAYD_RETRY__CAP_S": "1",
+        "RELAYD_RETRY__BREAKER_COOLDOWN_S": "0.2",
+    }
+    log = (base / "relayd.log").open("wb")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "relayd", "run", env=env, stdout=log, stderr=log
+    )
+    try:
+        await _await_http(f"http://127.0.0.1:{metrics_port}/healthz", process)
+        yield process
+    finally:
+        await _terminate(process)
+        log.close()
+
+
+async def _await_http(url: str, process: asyncio.subprocess.Process) -> None:
+    async with aiohttp.ClientSession() as http, asyncio.timeout(_READY_TIMEOUT_S):
+        while True:
+            if process.returncode is not None:
+                raise RuntimeError(f"a demo process exited early (code {process.returncode})")
+            try:
+                async with http.get(url) as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+
+
+async def _terminate(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            async with asyncio.timeout(20):
+                await process.wait()
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+async def _stop_relay(process: asyncio.subprocess.Process, summary: Summary) -> None:
+    await _terminate(process)
+    if process.returncode != 0:
+        summary.problems.append(f"relayd run exited with code {process.returncode}")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def _rolled_back_order(conn: asyncpg.Connection) -> None:
+    await conn.execute(
+        "CREATE TABLE IF NOT EXISTS orders (id bigint PRIMARY KEY, paid boolean NOT NULL)"
+    )
+    job = new_job("order.fulfill", [{"order_id": 0}], queue="orders")
+    try:
+        async with conn.transaction():
+            await conn.execute("INSERT INTO orders VALUES (0, true)")
+            await enqueue(conn, job, table=TABLE)
+            raise _Rollback
+    except _Rollback:
+        pass
+    orders = await conn.fetchval("SELECT count(*) FROM orders")
+    rows = await conn.fetchval(f"SELECT count(*) FROM {TABLE.qualified}")
+    print(f"  producer      a rolled-back order left {orders} orders and {rows} outbox rows")
+
+
+class _Rollback(Exception):
+    """Raised inside the demo's transaction to roll it back."""
+
+
+def _poison_jobs() -> dict[str, dict[str, Any]]:
+    """Rows the outbox's checks accept but that can never publish, by expected reason."""
+    return {
+        "invalid_envelope": {"id": uuid7(), "type": "Order.Fulfill", "args": []},
+        "too_large": new_job("report.attach", ["x" * (2 * 1024 * 1024)]),
+        "sink_rejected": {"id": str(uuid.uuid4()), "type": "order.fulfill", "args": []},
+        "sink_unprocessable": new_job("order.fulfill", [], options={"retry": {"max_attempts": -1}}),
+    }
+
+
+async def _produce(conn: asyncpg.Connection, rows: int, summary: Summary) -> None:
+    """Commit orders and their outbox rows together, ORDERS_PER_TX per transaction."""
+    poison = list(_poison_jobs().items())
+    poison_at = {rows * (i + 1) // (len(poison) + 1): item for i, item in enumerate(poison)}
+    for start in range(1, rows + 1, ORDERS_PER_TX):
+        order_ids = range(start, min(start + ORDERS_PER_TX, rows + 1))
+        jobs = [
+            new_job(
+                "order.fulfill",
+                [{"order_id": order_id, "version": 1}],
+                queue="orders",
+                meta={"correlation_id": f"order-{order_id}"},
+            )
+            for order_id in order_ids
+        ]
+        bad = [poison_at[order_id] for order_id in order_ids if order_id in poison_at]
+        async with conn.transaction():
+            await conn.executemany(
+                "INSERT INTO orders VALUES ($1, true)", [(order_id,) for order_id in order_ids]
+            )
+            await enqueue_many(conn, jobs + [job for _, job in bad], table=TABLE)
+        summary.orders += len(jobs)
+        summary.poison.update((str(job["id"]), reason) for reason, job in bad)
+    summary.committed = summary.orders + len(summary.poison)
+
+
+async def _progress(
+    conn: asyncpg.Connection, producing: asyncio.Task[None], rows: int, started: float
+) -> None:
+    """A progress bar (a line every few seconds when not on a terminal) until drained."""
+    tty = sys.stdout.isatty()
+    last_line = 0.0
+    async with asyncio.timeout(_DRAIN_TIMEOUT_S):
+        while True:
+            done, total = await _counts(conn)
+            expected = max(total, rows)
+            elapsed = time.monotonic() - started
+            rate = done / elapsed if elapsed > 0 else 0.0
+            line = _bar(done, expected, rate)
+            if tty:
+                print(f"\r{line}", end="", flush=True)
+            elif time.monotonic() - last_line >= 2.0:
+                print(line, flush=True)
+                last_line = time.monotonic()
+            if producing.done() and done >= total:
+                break
+            await asyncio.sleep(0.1)
+    print(f"\r{_bar(done, done, done / max(time.monotonic() - started, 1e-9))}" if tty else "")
+
+
+def _bar(done: int, total: int, rate: float, width: int = 30) -> str:
+    filled = width * done // total if total else width
+    bar = "#" * filled + "-" * (width - filled)
+    return f"  publishing [{bar}] {done:,}/{total:,} rows, {rate:,.0f} rows/s"
+
+
+async def _counts(conn: asyncpg.Connection) -> tuple[int, int]:
+    row = await conn.fetchrow(
+        f"SELECT count(*) FILTER (WHERE published_at IS NOT NULL OR dead_at IS NOT NULL) AS done,"
+        f" count(*) AS total FROM {TABLE.qualified}"
+    )
+    return (0, 0) if row is None else (int(row["done"]), int(row["total"]))
+
+
+async def _scrape_reconciled(port: int) -> int:
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
+        text = await r.text()
+    for line in text.splitlines():
+        if line.startswith('relayd_outcomes_total{outcome="reconciled"}'):
+            return int(float(line.split()[-1]))
+    return 0
+
+
+async def _tally(conn: asyncpg.Connection, summary: Summary) -> None:
+    summary.published = await conn.fetchval(
+        f"SELECT count(*) FROM {TABLE.qualified} WHERE published_at IS NOT NULL"
+    )
+    rows = await conn.fetch(
+        f"SELECT event_id::text, dead_reason FROM {TABLE.qualified} WHERE dead_at IS NOT NULL"
+    )
+    for row in rows:
+        summary.dead[row["dead_reason"]] = summary.dead.get(row["dead_reason"], 0) + 1
+    dead = {row["event_id"] for row in rows}
+    if dead != set(summary.poison):
+        summary.problems.append(
+            f"dead-lettered {sorted(dead)}, expected the poison rows {sorted(summary.poison)}"
+        )
+    lag = await conn.fetchrow(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50,"
+        " percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99,"
+        " extract(epoch FROM max(published_at) - min(created_at)) AS span_s FROM ("
+        " SELECT extract(epoch FROM published_at - created_at) * 1000 AS ms, published_at,"
+        f" created_at FROM {TABLE.qualified} WHERE published_at IS NOT NULL) s"
+    )
+    if lag is not None:
+        summary.p50_ms, summary.p99_ms = float(lag["p50"] or 0), float(lag["p99"] or 0)
+        summary.span_s = float(lag["span_s"] or 0)
+    if summary.published != summary.orders:
+        summary.problems.append(f"{summary.orders - summary.published} orders were not published")
+
+
+async def _check_ledger(conn: asyncpg.Connection, sink_url: str, summary: Summary) -> None:
+    """The emulator's ledger is the ground truth: compare it with the outbox."""
+    async with aiohttp.ClientSession() as http, http.get(f"{sink_url}/_emulator/ledger") as r:
+        ledger: dict[str, Any] = (await r.json())["jobs"]
+    rows = await conn.fetch(
+        f"SELECT event_id::text, job::text FROM {TABLE.qualified} WHERE published_at IS NOT NULL"
+    )
+    missing, twice, changed = 0, 0, 0
+    for row in rows:
+        entry = ledger.get(row["event_id"])
+        if entry is None or entry["job"] is None:
+            missing += 1
+            continue
+        if entry["created"] != 1:
+            twice += 1
+        if differences(Envelope.parse(row["job"], row["event_id"]), entry["job"]):
+            changed += 1
+    unexpected = set(ledger) - {row["event_id"] for row in rows} - set(summary.poison)
+    for count, what in [
+        (missing, "published ids missing on the sink"),
+        (twice, "ids created more than once"),
+        (changed, "envelopes that differ on the sink"),
+        (len(unexpected), "jobs on the sink the outbox does not know"),
+    ]:
+        if count:
+            summary.problems.append(f"ledger check: {count} {what}")
+
+
+def _print_summary(s: Summary) -> None:
+    dead = ", ".join(f"{reason} {n}" for reason, n in sorted(s.dead.items())) or "none"
+    rate = s.published / s.span_s if s.span_s else 0.0
+    lines = [
+        ("committed", f"{s.committed:>7,} rows ({s.orders:,} orders + {len(s.poison)} poison)"),
+        (
+            "published",
+            f"{s.published:>7,} ({s.reconciled:,} reconciled by GET after a lost answer)",
+        ),
+        ("dead-lettered", f"{sum(s.dead.values()):>7,} ({dead})"),
+        ("throughput", f"{rate:>7,.0f} rows/s (first commit to last publish: {s.span_s:.1f} s)"),
+        ("commit-to-publish", f"p50 {s.p50_ms:,.0f} ms, p99 {s.p99_ms:,.0f} ms"),
+    ]
+    print("summary")
+    for label, value in lines:
+        print(f"  {label:<18} {value}")
+    if s.problems:
+        print("  ledger check       FAILED")
+        for problem in s.problems:
+            print(f"    - {problem}")
+    else:
+        print(
+            "  ledger check       OK: every published id is on the sink exactly once, "
+            "with an identical envelope"
+        )
