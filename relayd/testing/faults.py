@@ -32,7 +32,9 @@ FaultAction = Literal[
 FAULT_ACTIONS: tuple[str, ...] = get_args(FaultAction)
 
 # The actions that let the request reach the handler (and so store the job).
-PROCESSING_ACTIONS = frozenset({"latency", "store_then_drop", "store_then_delay", "store_then_status"})
+PROCESSING_ACTIONS = frozenset(
+    {"latency", "store_then_drop", "store_then_delay", "store_then_status"}
+)
 
 
 @dataclass(frozen=True)
@@ -90,17 +92,15 @@ class FaultRule:
             raise ValueError("action is required")
         kwargs: dict[str, Any] = {}
         for name, value in data.items():
-            expected: type | tuple[type, ...]
-            if name in ("times", "status", "delay_ms"):
-                expected = int
-            else:
-                expected = str
+            expected: type = int if name in ("times", "status", "delay_ms") else str
             nullable = name not in ("action", "method", "status", "delay_ms")
             if value is None and nullable:
                 kwargs[name] = None
                 continue
             if isinstance(value, bool) or not isinstance(value, expected):
-                raise ValueError(f"{name} must be {'an integer' if expected is int else 'a string'}")
+                raise ValueError(
+                    f"{name} must be {'an integer' if expected is int else 'a string'}"
+                )
             kwargs[name] = value
         kwargs["action"] = cast(FaultAction, kwargs["action"])
         return cls(**kwargs)
