@@ -12,22 +12,33 @@ import asyncpg
 from relayd.testing.emulator import start_emulator
 from relayd.testing.faults import FaultRule
 from tests.conftest import Database
-from tests.integration.relayhelp import drained, eventually, pending, produce, relay_settings, running
+from tests.integration.relayhelp import (
+    drained,
+    eventually,
+    pending,
+    produce,
+    relay_settings,
+    running,
+)
 
 GRACE_S = 5.0
 
 
 def _env(base: dict[str, str], dsn: str, sink_url: str, **extra: str) -> dict[str, str]:
-    return base | {
-        "RELAYD_DATABASE__DSN": dsn,
-        "RELAYD_SINK__URL": sink_url,
-        "RELAYD_SINK__BATCH": "off",
-        "RELAYD_SINK__CONCURRENCY": "8",
-        "RELAYD_RELAY__BATCH_SIZE": "20",
-        "RELAYD_RELAY__SHUTDOWN_GRACE_S": str(GRACE_S),
-        "RELAYD_HTTP__ENABLED": "false",
-        "RELAYD_LOG__FORMAT": "json",
-    } | extra
+    return (
+        base
+        | {
+            "RELAYD_DATABASE__DSN": dsn,
+            "RELAYD_SINK__URL": sink_url,
+            "RELAYD_SINK__BATCH": "off",
+            "RELAYD_SINK__CONCURRENCY": "8",
+            "RELAYD_RELAY__BATCH_SIZE": "20",
+            "RELAYD_RELAY__SHUTDOWN_GRACE_S": str(GRACE_S),
+            "RELAYD_HTTP__ENABLED": "false",
+            "RELAYD_LOG__FORMAT": "json",
+        }
+        | extra
+    )
 
 
 async def _start(env: dict[str, str]) -> asyncio.subprocess.Process:
@@ -59,8 +70,9 @@ async def test_sigterm_drains_and_another_relay_finishes(
     async with await start_emulator() as sink:
         # A slow sink keeps attempts in flight when the signal lands.
         sink.emulator.add_fault(
-            FaultRule(action="latency", method="POST", path_prefix="/ojs/v1/jobs",
-                      delay_ms=50, times=None)
+            FaultRule(
+                action="latency", method="POST", path_prefix="/ojs/v1/jobs", delay_ms=50, times=None
+            )
         )
         process = await _start(_env(cli_env, database.dsn, sink.url))
         loop = asyncio.get_running_loop()
@@ -80,9 +92,10 @@ async def test_sigterm_drains_and_another_relay_finishes(
                 await process.wait()
         assert process.returncode == 0, stderr.decode()[-2000:]
         assert loop.time() - signalled_at < GRACE_S + 2
-        assert await conn.fetchval(
-            "SELECT count(*) FROM relayd.outbox WHERE lease_owner IS NOT NULL"
-        ) == 0
+        assert (
+            await conn.fetchval("SELECT count(*) FROM relayd.outbox WHERE lease_owner IS NOT NULL")
+            == 0
+        )
         events = _events(stderr)
         assert events["daemon.stopped"]["abandoned"] == 0
         assert events["daemon.stopped"]["exit_code"] == 0
@@ -106,11 +119,22 @@ async def test_second_signal_exits_at_once(
     await produce(conn, 50)
     async with await start_emulator() as sink:
         stall = sink.emulator.add_fault(
-            FaultRule(action="latency", method="POST", path_prefix="/ojs/v1/jobs",
-                      delay_ms=60_000, times=None)
+            FaultRule(
+                action="latency",
+                method="POST",
+                path_prefix="/ojs/v1/jobs",
+                delay_ms=60_000,
+                times=None,
+            )
         )
-        env = _env(cli_env, database.dsn, sink.url, RELAYD_RELAY__SHUTDOWN_GRACE_S="60",
-                   RELAYD_SINK__TIMEOUT_S="30", RELAYD_RELAY__LEASE_S="90")
+        env = _env(
+            cli_env,
+            database.dsn,
+            sink.url,
+            RELAYD_RELAY__SHUTDOWN_GRACE_S="60",
+            RELAYD_SINK__TIMEOUT_S="30",
+            RELAYD_RELAY__LEASE_S="90",
+        )
         process = await _start(env)
 
         async def stuck() -> bool:  # eight POSTs have reached the sink and hang there
@@ -134,6 +158,7 @@ async def test_second_signal_exits_at_once(
                 await process.wait()
         assert process.returncode == 1
         assert "daemon.forced_exit" in _events(seen + rest)
-        assert await conn.fetchval(
-            "SELECT count(*) FROM relayd.outbox WHERE lease_owner IS NOT NULL"
-        ) > 0
+        assert (
+            await conn.fetchval("SELECT count(*) FROM relayd.outbox WHERE lease_owner IS NOT NULL")
+            > 0
+        )

@@ -18,11 +18,21 @@ from relayd.producer import enqueue_many, new_job
 # Fast timings so tests finish quickly; every relation the design needs still holds
 # (lease > 2 x attempt deadline).
 FAST: dict[str, dict[str, Any]] = {
-    "relay": {"workers": 4, "batch_size": 50, "lease_s": 10.0, "poll_interval_s": 0.5,
-              "shutdown_grace_s": 2.0},
+    "relay": {
+        "workers": 4,
+        "batch_size": 50,
+        "lease_s": 10.0,
+        "poll_interval_s": 0.5,
+        "shutdown_grace_s": 2.0,
+    },
     "sink": {"timeout_s": 2.0, "connect_timeout_s": 1.0, "concurrency": 16},
-    "retry": {"base_s": 0.02, "cap_s": 0.2, "max_attempts": 5, "breaker_threshold": 5,
-              "breaker_cooldown_s": 0.05},
+    "retry": {
+        "base_s": 0.02,
+        "cap_s": 0.2,
+        "max_attempts": 5,
+        "breaker_threshold": 5,
+        "breaker_cooldown_s": 0.05,
+    },
     "http": {"enabled": False},
     "cleanup": {"enabled": False},
     "log": {"level": "warning", "format": "json"},
@@ -61,7 +71,8 @@ async def running(settings: Settings, *, seed: int = 1) -> AsyncIterator[Daemon]
 async def eventually(check: Callable[[], Awaitable[bool]], *, timeout_s: float = 30.0) -> None:
     """Await until `check()` holds, re-checking every 20 ms; fail after `timeout_s`."""
     async with asyncio.timeout(timeout_s):
-        while not await check():
+        # The state lives in PostgreSQL, which cannot signal this loop: poll under a deadline.
+        while not await check():  # noqa: ASYNC110
             await asyncio.sleep(0.02)
 
 

@@ -103,8 +103,12 @@ async def test_adopts_guide_shaped_outbox_keeping_rows(empty_database: Database)
         await conn.execute(GUIDE_DDL)
         for event_id, args, published in GUIDE_ROWS:
             job = json.dumps(
-                {"id": event_id, "type": "order.fulfill", "args": [json.loads(args)],
-                 "queue": "guide-jobs"}
+                {
+                    "id": event_id,
+                    "type": "order.fulfill",
+                    "args": [json.loads(args)],
+                    "queue": "guide-jobs",
+                }
             )
             await conn.execute(
                 "INSERT INTO guide_app.outbox (event_id, job, published_at) "
@@ -118,7 +122,9 @@ async def test_adopts_guide_shaped_outbox_keeping_rows(empty_database: Database)
             "018f0000-0000-7000-8000-000000000044",
             '{"id":"018f0000-0000-7000-8000-000000000044","type":"order.fulfill","args":{}}',
         )
-        before = await conn.fetch("SELECT event_id, job, created_at, published_at FROM guide_app.outbox ORDER BY 1")
+        before = await conn.fetch(
+            "SELECT event_id, job, created_at, published_at FROM guide_app.outbox ORDER BY 1"
+        )
 
         table = OutboxTable.parse("guide_app.outbox")
         store = await Store.connect(empty_database.dsn, table, max_size=2)
@@ -165,12 +171,16 @@ async def test_bad_outbox_row_fails_the_producer_transaction(
     event_id = "018f0000-0000-7000-8000-000000000001"
     body = json.dumps(job).replace("{id}", event_id)
     await conn.execute("CREATE TABLE orders (id int PRIMARY KEY, paid bool)")
-    with pytest.raises(asyncpg.CheckViolationError) as caught:
+
+    async def pay_order_and_announce_it() -> None:
         async with conn.transaction():
             await conn.execute("INSERT INTO orders VALUES (42, true)")
             await conn.execute(
                 "INSERT INTO relayd.outbox (event_id, job) VALUES ($1, $2)", event_id, body
             )
+
+    with pytest.raises(asyncpg.CheckViolationError) as caught:
+        await pay_order_and_announce_it()
     assert constraint in str(caught.value)
     assert await conn.fetchval("SELECT count(*) FROM orders") == 0
     assert await conn.fetchval("SELECT count(*) FROM relayd.outbox") == 0

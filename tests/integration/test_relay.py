@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from relayd.metrics import RelayMetrics
-from relayd.models import ClaimedRow, Published
+from relayd.models import Published
 from relayd.producer import enqueue_many, new_job, uuid7
 from relayd.relay import Claim, RelayWorker
 from relayd.store import Store
@@ -48,7 +48,9 @@ CREATE TRIGGER audit_lease AFTER UPDATE ON relayd.outbox
 
 
 async def _dead(conn: asyncpg.Connection) -> dict[str, str]:
-    rows = await conn.fetch("SELECT event_id::text, dead_reason FROM relayd.outbox WHERE dead_at IS NOT NULL")
+    rows = await conn.fetch(
+        "SELECT event_id::text, dead_reason FROM relayd.outbox WHERE dead_at IS NOT NULL"
+    )
     return {r["event_id"]: r["dead_reason"] for r in rows}
 
 
@@ -193,9 +195,7 @@ def _poison_jobs() -> dict[str, dict[str, Any]]:
         "invalid_envelope": {"id": uuid7(), "type": "test.echo", "args": {"n": 1}},
         "too_large": big,
         "sink_rejected": {"id": v4, "type": "test.echo", "args": []},
-        "sink_unprocessable": new_job(
-            "test.echo", [], options={"retry": {"max_attempts": -1}}
-        ),
+        "sink_unprocessable": new_job("test.echo", [], options={"retry": {"max_attempts": -1}}),
     }
 
 
@@ -249,8 +249,13 @@ async def test_sink_outage_longer_than_the_retry_budget_dead_letters_nothing(
     sink = await start_emulator()
     port = int(sink.url.rsplit(":", 1)[1])
     await sink.stop()  # nothing listens on the port now: connection refused
-    retry = {"base_s": 0.01, "cap_s": 0.1, "max_attempts": 3, "breaker_threshold": 3,
-             "breaker_cooldown_s": 0.05}
+    retry = {
+        "base_s": 0.01,
+        "cap_s": 0.1,
+        "max_attempts": 3,
+        "breaker_threshold": 3,
+        "breaker_cooldown_s": 0.05,
+    }
     settings = relay_settings(database.dsn, sink.url, retry=retry)
     loop = asyncio.get_running_loop()
     async with running(settings) as daemon:

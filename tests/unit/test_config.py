@@ -129,7 +129,10 @@ def test_secrets_come_from_files_and_never_show(tmp_path: Path) -> None:
     [
         ("postgresql://u:secret@h:5432/db", "postgresql://u:***@h:5432/db"),
         ("postgresql://u@h/db", "postgresql://u@h/db"),
-        ("postgres://u:p%40ss@h/db?sslmode=require&password=x", "postgres://u:***@h/db?sslmode=require&password=***"),
+        (
+            "postgres://u:p%40ss@h/db?sslmode=require&password=x",
+            "postgres://u:***@h/db?sslmode=require&password=***",
+        ),
         ("host=h user=u password=secret dbname=d", "host=h user=u password=*** dbname=d"),
         ("host=h password='se cret' dbname=d", "host=h password=*** dbname=d"),
     ],
