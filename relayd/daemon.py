@@ -169,6 +169,7 @@ class Daemon:
                 )
             except DatabaseUnavailable as exc:
                 failures += 1
+                self.metrics.database_errors.inc()
                 delay_s = min(_CONNECT_RETRY[1], _CONNECT_RETRY[0] * 2 ** min(failures - 1, 16))
                 self._log.warning("daemon.database_unavailable", error=str(exc), retry_in_s=delay_s)
                 await wait_event(self.stopping, delay_s)

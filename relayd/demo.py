@@ -15,16 +15,12 @@ The demo plays the application and the operator, so it talks to PostgreSQL direc
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import signal
-import socket
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +35,7 @@ from relayd.producer import enqueue, enqueue_many, new_job, uuid7
 from relayd.sinks.ojs import differences
 from relayd.store import Store
 from relayd.testing.postgres import EmbeddedPostgres
+from relayd.testing.processes import emulator_process, free_port, relay_process, terminate
 
 TABLE = OutboxTable.parse("relayd.outbox")
 ORDERS_PER_TX = 50
@@ -87,7 +84,7 @@ async def _demo(rows: int) -> int:
         dsn = pg.dsn("demo")
         print(f"  PostgreSQL    embedded, socket in {base / 'pg'}")
 
-        sink_url = await stack.enter_async_context(_emulator_process(base))
+        sink_url = await stack.enter_async_context(emulator_process(base))
         print(f"  OJS emulator  {sink_url} (separate process)")
         async with aiohttp.ClientSession() as http:
             await http.post(f"{sink_url}/_emulator/faults", json=DEMO_FAULTS)
@@ -107,8 +104,19 @@ async def _demo(rows: int) -> int:
         stack.push_async_callback(watch.close)
         await _rolled_back_order(conn)
 
-        metrics_port = _free_port()
-        relay = await stack.enter_async_context(_relay_process(base, dsn, sink_url, metrics_port))
+        metrics_port = free_port()
+        relay = await stack.enter_async_context(
+            # Short backoff so the demo's injected faults resolve in seconds.
+            relay_process(
+                base,
+                dsn,
+                sink_url,
+                metrics_port,
+                RELAYD_RETRY__BASE_S="0.05",
+                RELAYD_RETRY__CAP_S="1",
+                RELAYD_RETRY__BREAKER_COOLDOWN_S="0.2",
+            )
+        )
         print(f"  relayd run    pid {relay.pid}, 4 workers, batch auto")
         print()
         summary = Summary()
@@ -129,94 +137,10 @@ async def _demo(rows: int) -> int:
     return 0
 
 
-@asynccontextmanager
-async def _emulator_process(base: Path) -> AsyncIterator[str]:
-    port = _free_port()
-    log = (base / "emulator.log").open("wb")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "relayd",
-        "emulator",
-        "--listen",
-        f"127.0.0.1:{port}",
-        stdout=log,
-        stderr=log,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        await _await_http(f"{url}/ojs/v1/health", process)
-        yield url
-    finally:
-        await _terminate(process)
-        log.close()
-
-
-@asynccontextmanager
-async def _relay_process(
-    base: Path, dsn: str, sink_url: str, metrics_port: int
-) -> AsyncIterator[asyncio.subprocess.Process]:
-    config = base / "relayd.toml"
-    config.write_text("")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYD_")} | {
-        "RELAYD_CONFIG": str(config),
-        "RELAYD_DATABASE__DSN": dsn,
-        "RELAYD_SINK__URL": sink_url,
-        "RELAYD_HTTP__LISTEN": f"127.0.0.1:{metrics_port}",
-        "RELAYD_LOG__FORMAT": "json",
-        # Short backoff so the demo's injected faults resolve in seconds.
-        "RELAYD_RETRY__BASE_S": "0.05",
-        "RELAYD_RETRY__CAP_S": "1",
-        "RELAYD_RETRY__BREAKER_COOLDOWN_S": "0.2",
-    }
-    log = (base / "relayd.log").open("wb")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "relayd", "run", env=env, stdout=log, stderr=log
-    )
-    try:
-        await _await_http(f"http://127.0.0.1:{metrics_port}/healthz", process)
-        yield process
-    finally:
-        await _terminate(process)
-        log.close()
-
-
-async def _await_http(url: str, process: asyncio.subprocess.Process) -> None:
-    async with aiohttp.ClientSession() as http, asyncio.timeout(_READY_TIMEOUT_S):
-        while True:
-            if process.returncode is not None:
-                raise RuntimeError(f"a demo process exited early (code {process.returncode})")
-            try:
-                async with http.get(url) as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-
-
-async def _terminate(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            async with asyncio.timeout(20):
-                await process.wait()
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-
-
 async def _stop_relay(process: asyncio.subprocess.Process, summary: Summary) -> None:
-    await _terminate(process)
+    await terminate(process)
     if process.returncode != 0:
         summary.problems.append(f"relayd run exited with code {process.returncode}")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 async def _rolled_back_order(conn: asyncpg.Connection) -> None:

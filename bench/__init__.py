@@ -1,0 +1,1 @@
+"""relayd benchmarks: side-by-side ratios against a baseline run in the same process."""
