@@ -359,7 +359,7 @@ def load_settings(path: str | Path | None = None) -> Settings:
         settings = _validate()
     finally:
         _toml_data.reset(token)
-    return _resolve_secrets(settings)
+    return resolve_secrets(settings)
 
 
 def _read_toml(path: Path, *, required: bool) -> dict[str, Any]:
@@ -396,7 +396,8 @@ def _config_error(exc: ValidationError) -> ConfigError:
     return ConfigError(key, message.removeprefix("Value error, "))
 
 
-def _resolve_secrets(settings: Settings) -> Settings:
+def resolve_secrets(settings: Settings) -> Settings:
+    """Read the `*_file` secrets into the settings (load_settings does this)."""
     if settings.database.dsn_file is not None:
         dsn = _read_secret(settings.database.dsn_file, "database.dsn_file")
         settings.database._dsn_from_file = SecretStr(dsn)

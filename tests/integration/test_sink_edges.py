@@ -1,0 +1,119 @@
+"""Sink edges: bearer auth, 413 splitting, and retention cleanup (C7)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import asyncpg
+
+from relayd.cleanup import clean_published
+from relayd.config import CleanupSettings
+from relayd.producer import enqueue_many, new_job
+from relayd.store import Store
+from relayd.testing.emulator import EmulatorConfig, start_emulator
+from tests.conftest import Database
+from tests.integration.relayhelp import (
+    drained,
+    eventually,
+    pending,
+    produce,
+    relay_settings,
+    running,
+)
+
+TOKEN = "s3cret-token-value"  # noqa: S105 - a test fixture, not a credential
+
+
+async def test_bearer_token_comes_from_token_file(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """sink.token_file's token authenticates every request."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    ids = await produce(conn, 30)
+    async with await start_emulator(EmulatorConfig(auth_token=TOKEN)) as sink:
+        settings = relay_settings(database.dsn, sink.url, sink={"token_file": token_file})
+        async with running(settings):
+            await eventually(lambda: drained(conn))
+        assert set(sink.emulator.ledger()) == set(ids)
+
+
+async def test_wrong_token_opens_the_breaker_and_dead_letters_nothing(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """C5: 403 is the sink refusing us, not the row: breaker open, attempts refunded, and the
+    token never reaches last_error."""
+    token_file = tmp_path / "token"
+    token_file.write_text("wrong-" + TOKEN)
+    await produce(conn, 30)
+    async with await start_emulator(EmulatorConfig(auth_token=TOKEN)) as sink:
+        settings = relay_settings(database.dsn, sink.url, sink={"token_file": token_file})
+        async with running(settings) as daemon:
+
+            async def opened_repeatedly() -> bool:
+                value = daemon.metrics.registry.get_sample_value("relayd_breaker_opened_total")
+                return (value or 0) >= 5
+
+            await eventually(opened_repeatedly)
+    assert await pending(conn) == 30
+    assert await conn.fetchval("SELECT count(*) FROM relayd.outbox WHERE dead_at IS NOT NULL") == 0
+    assert await conn.fetchval("SELECT max(attempts) FROM relayd.outbox") <= 1
+    errors = await conn.fetch("SELECT last_error FROM relayd.outbox WHERE last_error IS NOT NULL")
+    assert errors
+    assert all(TOKEN not in row["last_error"] and "403" in row["last_error"] for row in errors)
+
+
+async def test_batch_over_the_sink_body_bound_is_split(
+    database: Database, conn: asyncpg.Connection
+) -> None:
+    """A 413 on a batch splits it until each part fits; nothing is dead-lettered."""
+    jobs = [new_job("test.echo", ["x" * 2000, n]) for n in range(60)]
+    # A claim of 50 rows makes a ~100 KB batch: over the sink's 30 KB bound, so only a split
+    # publishes them on their first attempt.
+    async with conn.transaction():
+        await enqueue_many(conn, jobs)
+    async with await start_emulator(EmulatorConfig(max_body_bytes=30_000)) as sink:
+        settings = relay_settings(database.dsn, sink.url, sink={"batch": "on"})
+        async with running(settings):
+            await eventually(lambda: drained(conn))
+        ledger = sink.emulator.ledger()
+    assert {str(j["id"]) for j in jobs} == set(ledger)
+    assert {e.created for e in ledger.values()} == {1}
+    assert await conn.fetchval("SELECT max(attempts) FROM relayd.outbox") == 1
+    assert await conn.fetchval("SELECT count(*) FROM relayd.outbox WHERE dead_at IS NOT NULL") == 0
+
+
+async def test_retention_deletes_old_published_rows_only(
+    conn: asyncpg.Connection, store: Store
+) -> None:
+    """C7: published rows past retention go, in batches; recent, pending and dead rows stay."""
+    ids = await produce(conn, 25)
+    old_published, recent, dead_old, waiting = ids[:12], ids[12:15], ids[15:18], ids[18:]
+    await conn.execute(
+        "UPDATE relayd.outbox SET published_at = now() - interval '2 days' "
+        "WHERE event_id = ANY($1::uuid[])",
+        old_published,
+    )
+    await conn.execute(
+        "UPDATE relayd.outbox SET published_at = now() WHERE event_id = ANY($1::uuid[])", recent
+    )
+    await conn.execute(
+        "UPDATE relayd.outbox SET dead_at = now() - interval '30 days', dead_reason = 'conflict' "
+        "WHERE event_id = ANY($1::uuid[])",
+        dead_old,
+    )
+    stopping = asyncio.Event()
+    settings = CleanupSettings(published_retention_s=86400, batch_size=5, interval_s=60)
+    task = asyncio.create_task(clean_published(store, settings, stopping))
+
+    async def cleaned() -> bool:
+        return not await conn.fetchval(
+            "SELECT count(*) FROM relayd.outbox WHERE event_id = ANY($1::uuid[])", old_published
+        )
+
+    await eventually(cleaned)
+    stopping.set()
+    await task
+    left = {r[0] for r in await conn.fetch("SELECT event_id::text FROM relayd.outbox")}
+    assert left == set(recent) | set(dead_old) | set(waiting)
