@@ -5,8 +5,8 @@ speaks OJS and classifies answers. Each step is its own awaitable method, so a f
 a test can stand between any two.
 
 Invariants (design.md §1):
-- a claim commits before any HTTP call, and the publish phase of a claim runs under one
-  deadline shorter than the lease (C4);
+- a claim commits before any HTTP call; each attempt runs under one deadline and ends a
+  timeout's worth before the lease does, leaving that long to settle (C4);
 - every settle is fenced by the claim's owner token; a zero-row settle is counted as stale,
   never raised (C3);
 - sink-wide failures refund the attempt while the breaker is not closed, so an outage of any
@@ -144,7 +144,8 @@ class RelayWorker:
         self.name = name
         self._log = get_logger("relay").bind(worker=name)
         self._relay = ctx.settings.relay
-        self._deadline = math.inf
+        self._start_by = math.inf  # loop time after which a claim's attempts may not start
+        self._grace_ends = math.inf  # set by the drain: no attempt runs past it
         self._scopes: set[asyncio.Timeout] = set()
         self.released = 0  # rows handed back unstarted (drain, open breaker)
         self.in_flight = 0  # rows claimed and not yet settled
@@ -158,15 +159,7 @@ class RelayWorker:
                 break
             snapshot = self._ctx.wakeup.snapshot()
             try:
-                claim = await self.claim(1 if permit is Permit.PROBE else self._relay.batch_size)
-                if claim.rows:
-                    outcomes = await self.publish(claim)
-                    await self.settle(claim, outcomes)
-                else:
-                    if permit is Permit.PROBE:
-                        self._ctx.gate.end_probe()
-                    await self.wait_for_work(snapshot)
-                db_failures = 0
+                found_work = await self.cycle(permit)
             except DatabaseUnavailable as exc:
                 db_failures += 1
                 self._ctx.metrics.database_errors.inc()
@@ -175,14 +168,29 @@ class RelayWorker:
                     "relay.database_unavailable", error=str(exc), retry_in_s=round(delay_s, 2)
                 )
                 await wait_event(self._ctx.stopping, delay_s)
-            finally:
-                if permit is Permit.PROBE:
-                    # A probe that made no request (invalid rows only) must not wedge the gate.
-                    self._ctx.gate.end_probe()
+                continue
+            db_failures = 0
+            if not found_work:
+                await self.wait_for_work(snapshot)
+
+    async def cycle(self, permit: Permit) -> bool:
+        """One claim -> publish -> settle; False when there was nothing to claim."""
+        try:
+            claim = await self.claim(1 if permit is Permit.PROBE else self._relay.batch_size)
+            if not claim.rows:
+                return False
+            outcomes = await self.publish(claim)
+            await self.settle(claim, outcomes)
+            return True
+        finally:
+            if permit is Permit.PROBE:
+                # Verdict or not (no row, only invalid rows), the probe is over: another
+                # worker may probe next, so an idle probe never wedges the gate.
+                self._ctx.gate.end_probe()
 
     def cut_deadline(self, when: float) -> None:
         """Bring in-flight attempts' deadline forward to `when` (loop time): drain grace."""
-        self._deadline = min(self._deadline, when)
+        self._grace_ends = min(self._grace_ends, when)
         for scope in self._scopes:
             current = scope.when()
             if current is None or current > when:
@@ -242,7 +250,11 @@ class RelayWorker:
         in_batch = {row.event_id for row in batched}
 
         sink = self._ctx.sink
-        self._deadline = asyncio.get_running_loop().time() + settings.timeout_s
+        # Each attempt gets sink.timeout_s from its own start, and must end a timeout's worth
+        # before the lease does, leaving that long to settle (lease_s > 2 x timeout_s).
+        self._start_by = (
+            asyncio.get_running_loop().time() + self._relay.lease_s - 2 * settings.timeout_s
+        )
         attempts = [
             self._attempt(chunk, functools.partial(sink.publish_batch, chunk, envelopes))
             for chunk in sink.plan_batches(batched)
@@ -271,22 +283,23 @@ class RelayWorker:
         rows: Sequence[ClaimedRow],
         send: Callable[[], Awaitable[dict[str, Outcome]]],
     ) -> dict[str, Outcome]:
-        """One HTTP exchange (a row, or a batch) in a concurrency slot, under the deadline.
+        """One HTTP exchange (a row, or a batch) in a concurrency slot, under one deadline.
 
-        An attempt that cannot start (stopping, breaker open, deadline spent while queued for
-        a slot) returns NotStarted: the claim is released, not counted as an attempt.
+        An attempt that cannot start (stopping, breaker open, or queued for a slot until too
+        little of the lease was left) returns NotStarted: the claim is released, not counted.
         """
         loop = asyncio.get_running_loop()
         async with self._ctx.slots:
             if (
                 self._ctx.stopping.is_set()
                 or self._ctx.gate.state is BreakerState.OPEN
-                or loop.time() >= self._deadline
+                or loop.time() > self._start_by
             ):
                 return {row.event_id: NotStarted() for row in rows}
             started = time.monotonic()
+            deadline = min(loop.time() + self._ctx.settings.sink.timeout_s, self._grace_ends)
             try:
-                async with asyncio.timeout_at(self._deadline) as scope:
+                async with asyncio.timeout_at(deadline) as scope:
                     self._scopes.add(scope)
                     try:
                         result = await send()

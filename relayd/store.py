@@ -286,7 +286,9 @@ class Store:
     async def listen(self, on_notify: Callable[[], None]) -> AsyncIterator[Listener]:
         """A dedicated connection LISTENing on the outbox's insert channel."""
         with _translated():
-            conn = await asyncpg.connect(self._dsn, timeout=10)
+            conn = await asyncpg.connect(
+                self._dsn, timeout=10, server_settings={"application_name": "relayd-listen"}
+            )
         listener = Listener(conn)
         try:
             with _translated():
