@@ -150,7 +150,7 @@ class SinkSettings(_Section):
             return None
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"expected an http:// or https:// base URL, got {value!r}")
+            raise ValueError("expected an http:// or https:// base URL")
         if parts.username or parts.password:
             raise ValueError("credentials do not belong in the URL; use sink.token_file")
         return value.rstrip("/")

@@ -79,6 +79,8 @@ class Daemon:
             self._hard_stop.reschedule(self._hard_deadline())
 
     async def run(self) -> int:
+        # Settings `run` cannot do without: fail before waiting for anything (exit 2).
+        _ = self.settings.dsn, self.settings.sink_url
         stack = AsyncExitStack()
         try:
             # 1. startup: PostgreSQL (waiting for it if need be), the schema, the sink, HTTP.

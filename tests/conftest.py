@@ -9,6 +9,7 @@ gets its own database cloned from a template that `relayd migrate` prepared once
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -89,30 +90,31 @@ def pg_server() -> Iterator[PgServer]:
             embedded.stop()
 
 
-@pytest.fixture
-async def database(pg_server: PgServer) -> AsyncIterator[Database]:
-    """A fresh database cloned from the migrated template, dropped after the test."""
+@contextlib.asynccontextmanager
+async def _fresh_database(pg_server: PgServer, template: str | None) -> AsyncIterator[Database]:
     name = f"relayd_test_{uuid.uuid4().hex[:12]}"
+    clone = f' TEMPLATE "{template}"' if template else ""
     admin = await asyncpg.connect(pg_server.admin_dsn)
     try:
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_server.template}"')
+        await admin.execute(f'CREATE DATABASE "{name}"{clone}')
     finally:
         await admin.close()
     yield Database(name=name, dsn=pg_server.dsn(name))
     await _drop_database(pg_server.admin_dsn, name)
+
+
+@pytest.fixture
+async def database(pg_server: PgServer) -> AsyncIterator[Database]:
+    """A fresh database cloned from the migrated template, dropped after the test."""
+    async with _fresh_database(pg_server, pg_server.template) as fresh:
+        yield fresh
 
 
 @pytest.fixture
 async def empty_database(pg_server: PgServer) -> AsyncIterator[Database]:
     """A fresh database with nothing in it (for migration tests)."""
-    name = f"relayd_test_{uuid.uuid4().hex[:12]}"
-    admin = await asyncpg.connect(pg_server.admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    yield Database(name=name, dsn=pg_server.dsn(name))
-    await _drop_database(pg_server.admin_dsn, name)
+    async with _fresh_database(pg_server, None) as fresh:
+        yield fresh
 
 
 @pytest.fixture

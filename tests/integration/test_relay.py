@@ -338,3 +338,26 @@ async def test_claim_is_an_index_scan_on_a_large_backlog(
     text = json.dumps(plan)
     assert "outbox_relayd_claim" in text
     assert '"Seq Scan"' not in text
+
+
+async def test_guide_gateway_dialect_with_top_level_queue(
+    database: Database, conn: asyncpg.Connection
+) -> None:
+    """The guide's envelopes (top-level queue) on the guide's gateway: a lost answer is
+    reconciled by comparing the GET's queue with the top-level one (ojs-protocol.md §0)."""
+    jobs = [
+        {"id": uuid7(), "type": "order.fulfill", "args": [{"order_id": n}], "queue": "guide-jobs"}
+        for n in range(20)
+    ]
+    async with conn.transaction():
+        await enqueue_many(conn, jobs)
+    async with await start_emulator(EmulatorConfig.guide_gateway()) as sink:
+        for job in jobs:
+            sink.emulator.add_fault(
+                FaultRule(action="store_then_drop", method="POST", job_id=str(job["id"]))
+            )
+        async with running(relay_settings(database.dsn, sink.url, sink={"batch": "off"})):
+            await eventually(lambda: drained(conn))
+        ledger = sink.emulator.ledger()
+    assert await _dead(conn) == {}
+    assert {(e.created, e.queue) for e in ledger.values()} == {(1, "guide-jobs")}

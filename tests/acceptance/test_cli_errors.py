@@ -1,0 +1,56 @@
+"""`relayd` reports operator mistakes in one line with the documented exit code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import Database
+
+
+def _relayd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "relayd", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_run_without_sink_url_exits_2(cli_env: dict[str, str], empty_database: Database) -> None:
+    """No sink.url: exit 2 naming the key, no traceback."""
+    result = _relayd("run", env=cli_env | {"RELAYD_DATABASE__DSN": empty_database.dsn})
+    assert result.returncode == 2
+    assert result.stderr == "relayd: config error: sink.url: required (the OJS server's base URL)\n"
+
+
+def test_run_on_an_unmigrated_database_exits_1(
+    cli_env: dict[str, str], empty_database: Database
+) -> None:
+    """No outbox table: exit 1 telling the operator to run `relayd migrate`."""
+    env = cli_env | {
+        "RELAYD_DATABASE__DSN": empty_database.dsn,
+        "RELAYD_SINK__URL": "http://127.0.0.1:9",
+        "RELAYD_HTTP__ENABLED": "false",
+        "RELAYD_LOG__FORMAT": "json",
+    }
+    result = _relayd("run", env=env)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == (
+        "relayd: outbox table relayd.outbox does not exist: run `relayd migrate`"
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_migrate_with_a_wrong_database_name_exits_2_without_the_password(
+    cli_env: dict[str, str], empty_database: Database
+) -> None:
+    """A DSN the server refuses for good: exit 2 naming database.dsn; no secret in the output."""
+    dsn = empty_database.dsn.replace(empty_database.name, "no_such_database")
+    dsn = dsn.replace("postgres:@", "postgres:hunter2@")
+    result = _relayd("migrate", env=cli_env | {"RELAYD_DATABASE__DSN": dsn})
+    assert result.returncode == 2
+    assert result.stderr.startswith("relayd: config error: database.dsn: ")
+    assert "hunter2" not in result.stdout + result.stderr
