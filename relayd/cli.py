@@ -15,11 +15,15 @@ from typing import Any
 
 from relayd import __version__
 from relayd.config import Settings, load_settings
-from relayd.errors import ConfigError, DatabaseUnavailable, MigrationError, SchemaError
-
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
+from relayd.errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_USAGE,
+    ConfigError,
+    DatabaseUnavailable,
+    MigrationError,
+    SchemaError,
+)
 
 Handler = Callable[[argparse.Namespace], int]
 

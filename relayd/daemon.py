@@ -17,22 +17,19 @@ from contextlib import AsyncExitStack
 
 from relayd.cleanup import clean_published
 from relayd.config import Settings, parse_listen
-from relayd.errors import DatabaseUnavailable
+from relayd.errors import EXIT_FAILURE, EXIT_OK, DatabaseUnavailable
 from relayd.logs import configure_logging, get_logger
 from relayd.metrics import RelayMetrics
 from relayd.relay import BreakerGate, RelayContext, RelayWorker
-from relayd.retry import Backoff, BreakerState, CircuitBreaker
+from relayd.retry import DATABASE_RETRY, Backoff, BreakerState, CircuitBreaker
 from relayd.sinks.ojs import OjsSink
 from relayd.store import Store
 from relayd.wakeup import Wakeup, listen_for_inserts, wait_event
 from relayd.web import make_app, start_web
 
-EXIT_OK = 0
-EXIT_FAILURE = 1
 # After the grace period, how long settling (and releasing) may still take before we give up
 # and leave the remaining leases to expire.
 SETTLE_BOUND_S = 10.0
-_CONNECT_RETRY = (0.5, 30.0)  # backoff base and cap (s) while PostgreSQL is unreachable
 
 
 class Daemon:
@@ -51,7 +48,6 @@ class Daemon:
         self.stopping = asyncio.Event()
         self.ready = asyncio.Event()
         self.workers: list[RelayWorker] = []
-        self.web_port: int | None = None
         self._wakeup = Wakeup()
         self._gate: BreakerGate | None = None
         self._hard_stop: asyncio.Timeout | None = None
@@ -97,7 +93,6 @@ class Daemon:
                 host, port = parse_listen(self.settings.http.listen)
                 runner = await start_web(make_app(self.metrics, self._readiness(store)), host, port)
                 stack.push_async_callback(runner.cleanup)
-                self.web_port = _bound_port(runner)
             self.workers = [RelayWorker(ctx, f"w{i}") for i in range(self.settings.relay.workers)]
             # 2. serve until stopped (or a task crashes), 3. drain.
             return await self._serve(ctx)
@@ -172,8 +167,10 @@ class Daemon:
             except DatabaseUnavailable as exc:
                 failures += 1
                 self.metrics.database_errors.inc()
-                delay_s = min(_CONNECT_RETRY[1], _CONNECT_RETRY[0] * 2 ** min(failures - 1, 16))
-                self._log.warning("daemon.database_unavailable", error=str(exc), retry_in_s=delay_s)
+                delay_s = DATABASE_RETRY.delay_s(failures)
+                self._log.warning(
+                    "daemon.database_unavailable", error=str(exc), retry_in_s=round(delay_s, 2)
+                )
                 await wait_event(self.stopping, delay_s)
         return None
 
@@ -211,11 +208,6 @@ class Daemon:
             return None
 
         return check
-
-
-def _bound_port(runner: object) -> int | None:
-    addresses = getattr(runner, "addresses", [])
-    return int(addresses[0][1]) if addresses else None
 
 
 async def run_daemon(settings: Settings) -> int:

@@ -13,6 +13,11 @@ asyncpg exceptions are translated in `store.py`, aiohttp exceptions in `sinks/oj
 
 from __future__ import annotations
 
+# Process exit codes (design.md §5).
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
 
 class RelaydError(Exception):
     """Base class of every error relayd raises on purpose."""

@@ -56,7 +56,7 @@ class Envelope:
     batchable: bool
 
     @classmethod
-    def parse(cls, text: str, event_id: str) -> Envelope:
+    def parse(cls, text: str | bytes, event_id: str) -> Envelope:
         """Parse and validate a stored job; `InvalidEnvelope` says precisely what is wrong."""
         try:
             job = json.loads(text)
@@ -133,10 +133,11 @@ def _json_type(value: object) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ClaimedRow:
-    """One row leased by a claim; `job` is the stored text, sent byte for byte."""
+    """One row leased by a claim; `job` is the stored envelope's text as UTF-8, the request
+    body sent byte for byte."""
 
     event_id: str
-    job: str
+    job: bytes
     attempts: int
     previous_attempt_at: datetime | None
     age_s: float

@@ -41,7 +41,7 @@ from relayd.models import (
     SinkDown,
     clean_error,
 )
-from relayd.retry import Backoff, BreakerState, CircuitBreaker, Permit
+from relayd.retry import DATABASE_RETRY, Backoff, BreakerState, CircuitBreaker, Permit
 from relayd.sinks.ojs import OjsSink, timed_out
 from relayd.store import Store
 from relayd.wakeup import Wakeup, wait_event
@@ -49,7 +49,6 @@ from relayd.wakeup import Wakeup, wait_event
 # An idle worker never sleeps less than this, even when a row is due "now" but was locked by
 # another claimer at the instant we looked.
 _MIN_IDLE_S = 0.01
-_DB_RETRY = (0.2, 10.0)  # backoff base and cap (s) while PostgreSQL is unreachable
 _MANIFEST_TIMEOUT_S = 5.0
 
 
@@ -163,7 +162,7 @@ class RelayWorker:
             except DatabaseUnavailable as exc:
                 db_failures += 1
                 self._ctx.metrics.database_errors.inc()
-                delay_s = min(_DB_RETRY[1], _DB_RETRY[0] * 2 ** min(db_failures, 16))
+                delay_s = DATABASE_RETRY.delay_s(db_failures)
                 self._log.warning(
                     "relay.database_unavailable", error=str(exc), retry_in_s=round(delay_s, 2)
                 )
@@ -224,12 +223,12 @@ class RelayWorker:
     # --- publish -------------------------------------------------------------------------
 
     async def publish(self, claim: Claim) -> dict[str, Outcome]:
-        """Send the claim's rows to the sink, concurrently, under one deadline."""
+        """Send the claim's rows to the sink concurrently, each attempt under its deadline."""
         settings = self._ctx.settings.sink
         outcomes: dict[str, Outcome] = {}
         envelopes: dict[str, Envelope] = {}
         for row in claim.rows:
-            size = len(row.job.encode())
+            size = len(row.job)
             if size > settings.max_envelope_bytes:
                 outcomes[row.event_id] = DeadLetter(
                     DeadReason.TOO_LARGE,
@@ -296,8 +295,8 @@ class RelayWorker:
                 or loop.time() > self._start_by
             ):
                 return {row.event_id: NotStarted() for row in rows}
-            started = time.monotonic()
-            deadline = min(loop.time() + self._ctx.settings.sink.timeout_s, self._grace_ends)
+            started = loop.time()
+            deadline = min(started + self._ctx.settings.sink.timeout_s, self._grace_ends)
             try:
                 async with asyncio.timeout_at(deadline) as scope:
                     self._scopes.add(scope)
@@ -306,11 +305,11 @@ class RelayWorker:
                     finally:
                         self._scopes.discard(scope)
             except TimeoutError:
-                expired = timed_out(time.monotonic() - started)
+                expired = timed_out(loop.time() - started)
                 if not self._ctx.stopping.is_set():  # a drain cut is ours, not the sink's
                     self._ctx.gate.sink_failed(severe=False)
                 result = {row.event_id: expired for row in rows}
-            elapsed_s = time.monotonic() - started
+            elapsed_s = loop.time() - started
             for outcome in result.values():
                 self._ctx.metrics.publish_duration.labels(_label(outcome)).observe(elapsed_s)
             return result
@@ -427,7 +426,7 @@ class RelayWorker:
                         error=str(exc),
                     )
                     return None
-                await asyncio.sleep(min(_DB_RETRY[1], _DB_RETRY[0] * 2 ** min(failures, 16)))
+                await asyncio.sleep(DATABASE_RETRY.delay_s(failures))
 
     def _account(
         self, kind: str, rows: list[ClaimedRow], updated: set[str], plan: _Settlement

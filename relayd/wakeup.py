@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 
 from relayd.errors import DatabaseUnavailable
 from relayd.logs import get_logger
-from relayd.retry import Backoff
+from relayd.retry import DATABASE_RETRY
 from relayd.store import Store
 
 # How often the LISTEN connection proves it is alive (a silently dead TCP peer never closes).
 _LISTEN_PING_S = 30.0
-_RECONNECT = Backoff(base_s=0.5, cap_s=30.0, rng=random.Random())  # noqa: S311 - jitter, not crypto
 
 
 class Wakeup:
@@ -68,7 +66,7 @@ async def listen_for_inserts(store: Store, wakeup: Wakeup, stopping: asyncio.Eve
                             await listener.ping()
         except (DatabaseUnavailable, TimeoutError) as exc:
             failures += 1
-            delay_s = _RECONNECT.delay_s(failures)
+            delay_s = DATABASE_RETRY.delay_s(failures)
             log.warning("wakeup.listen_failed", error=str(exc), retry_in_s=round(delay_s, 2))
             await wait_event(stopping, delay_s)
 

@@ -250,7 +250,7 @@ def request_id(event_id: str, attempt: int, suffix: str = "") -> str:
 
 def batch_body(rows: Sequence[ClaimedRow]) -> bytes:
     """The stored envelopes, unchanged, inside `{"jobs": [...]}`."""
-    return b'{"jobs":[' + b",".join(row.job.encode() for row in rows) + b"]}"
+    return b'{"jobs":[' + b",".join(row.job for row in rows) + b"]}"
 
 
 def plan_batches(
@@ -261,7 +261,7 @@ def plan_batches(
     current: list[ClaimedRow] = []
     size = _BATCH_OVERHEAD_BYTES
     for row in rows:
-        row_bytes = len(row.job.encode()) + 1
+        row_bytes = len(row.job) + 1
         if current and (len(current) >= max_jobs or size + row_bytes > max_bytes):
             batches.append(current)
             current, size = [], _BATCH_OVERHEAD_BYTES
@@ -332,7 +332,7 @@ class OjsSink:
 
     async def _post(self, row: ClaimedRow) -> Outcome | Reconcile:
         answer = await self._exchange(
-            "POST", JOBS_PATH, row.job.encode(), request_id(row.event_id, row.attempts)
+            "POST", JOBS_PATH, row.job, request_id(row.event_id, row.attempts)
         )
         return self._noted(
             answer if isinstance(answer, SinkDown) else classify_post(answer, row.event_id)

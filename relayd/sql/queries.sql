@@ -25,7 +25,7 @@ SET lease_owner = $2,
 FROM due
 WHERE o.event_id = due.event_id
 RETURNING o.event_id::text AS event_id,
-          o.job::text AS job,
+          convert_to(o.job::text, 'UTF8') AS job,  -- the request body, as bytes
           o.attempts,
           due.last_attempt_at AS previous_attempt_at,
           extract(epoch FROM clock_timestamp() - o.created_at)::float8 AS age_s;

@@ -23,7 +23,7 @@ def claimed(job_bytes: int = 0, **job: Any) -> ClaimedRow:
         body["args"] = ["x" * filler]
     return ClaimedRow(
         event_id=event_id,
-        job=json.dumps(body),
+        job=json.dumps(body).encode(),
         attempts=1,
         previous_attempt_at=None,
         age_s=0.0,
