@@ -3,7 +3,8 @@
 The only signal code of relayd is here. The first SIGTERM/SIGINT drains (C8): stop claiming,
 let in-flight attempts finish within `relay.shutdown_grace_s`, settle them, release what never
 started, exit 0. A second signal exits at once; leases then expire on their own. Every task
-runs inside the TaskGroup: a crash stops the daemon loudly with exit code 1.
+runs inside the TaskGroup: a crash is logged loudly with what the task held, the others
+drain, and the daemon exits 1.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from contextlib import AsyncExitStack
 
 from relayd.cleanup import clean_published
 from relayd.config import Settings, parse_listen
-from relayd.errors import EXIT_FAILURE, EXIT_OK, DatabaseUnavailable
+from relayd.errors import EXIT_FAILURE, EXIT_OK, DatabaseUnavailable, WorkerCrashed
 from relayd.logs import configure_logging, get_logger
 from relayd.metrics import RelayMetrics
 from relayd.relay import BreakerGate, RelayContext, RelayWorker
@@ -30,6 +31,8 @@ from relayd.web import make_app, start_web
 # After the grace period, how long settling (and releasing) may still take before we give up
 # and leave the remaining leases to expire.
 SETTLE_BOUND_S = 10.0
+# How many of a crashed worker's rows its log event names (a claim may hold thousands).
+_CRASH_IDS_LOGGED = 50
 
 
 class Daemon:
@@ -52,6 +55,7 @@ class Daemon:
         self._gate: BreakerGate | None = None
         self._hard_stop: asyncio.Timeout | None = None
         self._grace_ends: float | None = None
+        self._crashed = False
         self._log = get_logger("daemon")
 
     def stop(self) -> None:
@@ -118,24 +122,35 @@ class Daemon:
                 try:
                     async with asyncio.TaskGroup() as tasks:
                         for worker in self.workers:
-                            tasks.create_task(worker.run(), name=f"relay-{worker.name}")
+                            tasks.create_task(
+                                self._supervised(worker.run(), f"relay-{worker.name}"),
+                                name=f"relay-{worker.name}",
+                            )
                         if settings.relay.listen:
                             tasks.create_task(
-                                listen_for_inserts(ctx.store, self._wakeup, self.stopping),
+                                self._supervised(
+                                    listen_for_inserts(ctx.store, self._wakeup, self.stopping),
+                                    "wakeup-listener",
+                                ),
                                 name="wakeup-listener",
                             )
                         if settings.cleanup.enabled:
                             tasks.create_task(
-                                clean_published(ctx.store, settings.cleanup, self.stopping),
+                                self._supervised(
+                                    clean_published(ctx.store, settings.cleanup, self.stopping),
+                                    "retention-cleanup",
+                                ),
                                 name="retention-cleanup",
                             )
-                except* Exception as crashed:
-                    code = EXIT_FAILURE
+                except* Exception as crashed:  # only if _supervised itself failed
+                    self._crashed = True
                     for exc in crashed.exceptions:
                         self._log.error("daemon.crashed", error=repr(exc), exc_info=exc)
         except TimeoutError:
             code = EXIT_FAILURE
             self._log.error("daemon.drain_timeout", bound_s=SETTLE_BOUND_S)
+        if self._crashed:
+            code = EXIT_FAILURE
         # 3. drained: say what was left.
         self._log.info(
             "daemon.stopped",
@@ -144,6 +159,31 @@ class Daemon:
             exit_code=code,
         )
         return code
+
+    async def _supervised(self, work: Awaitable[None], task: str) -> None:
+        """Run one of the daemon's tasks; if it fails, say so loudly and drain the rest.
+
+        A failure here is relayd's own (rows' and connections' troubles are handled where
+        they arise): the process will exit 1 so that systemd restarts it, but the other
+        workers first finish and settle what they are sending, so the failure of one costs
+        the others nothing.
+        """
+        try:
+            await work
+        except Exception as exc:
+            self._crashed = True
+            fields: dict[str, object] = {"task": task, "error": str(exc)}
+            if isinstance(exc, WorkerCrashed):
+                cause = exc.__cause__
+                fields |= {
+                    "step": exc.step,
+                    "statement": exc.statement,
+                    "rows": len(exc.event_ids),
+                    "event_ids": exc.event_ids[:_CRASH_IDS_LOGGED],
+                    "error": repr(cause) if cause is not None else str(exc),
+                }
+            self._log.error("daemon.task_crashed", **fields, exc_info=exc)
+            self.stop()
 
     def _hard_deadline(self) -> float | None:
         """Loop time by which the drain must be over (None until stop() is called)."""

@@ -4,14 +4,20 @@
     ├── ConfigError            a bad setting: the CLI prints one line naming the key, exits 2
     ├── SchemaError            the outbox table is missing or not migrated: exit 1
     ├── MigrationError         a migration file is missing, edited after it ran, or failed
-    └── DatabaseUnavailable    PostgreSQL could not be reached or dropped the connection;
-                               callers back off and retry, they never crash on it
+    ├── DatabaseUnavailable    PostgreSQL could not be reached or dropped the connection;
+    │                          callers back off and retry, they never crash on it
+    ├── StatementError         PostgreSQL refused a statement for a reason retrying will not
+    │                          cure (a schema changed under relayd, a bug): names the statement
+    └── WorkerCrashed          a relay worker's cycle failed unexpectedly: the daemon logs the
+                               step, statement and rows, drains the others and exits 1
 
 asyncpg exceptions are translated in `store.py`, aiohttp exceptions in `sinks/ojs.py`
 (into outcome values, not exceptions), pydantic errors in `config.py`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 # Process exit codes (design.md §5).
 EXIT_OK = 0
@@ -42,3 +48,24 @@ class MigrationError(RelaydError):
 
 class DatabaseUnavailable(RelaydError):
     """PostgreSQL is unreachable or the connection broke mid-statement."""
+
+
+class StatementError(RelaydError):
+    """PostgreSQL refused one of relayd's statements for a reason other than a lost
+    connection; `statement` is the query's name in `sql/queries.sql`."""
+
+    def __init__(self, statement: str, description: str) -> None:
+        super().__init__(f"{statement}: {description}")
+        self.statement = statement
+
+
+class WorkerCrashed(RelaydError):
+    """A relay worker failed in a way that is neither a row's fault (dead-lettered) nor the
+    connection's (retried): relayd's own bug, or a database that changed under it."""
+
+    def __init__(self, step: str, event_ids: Sequence[str], statement: str | None = None) -> None:
+        where = f"{step} ({statement})" if statement else step
+        super().__init__(f"worker crashed in {where} holding {len(event_ids)} row(s)")
+        self.step = step
+        self.event_ids = list(event_ids)
+        self.statement = statement

@@ -7,11 +7,13 @@ Outcomes are produced once, at the sink boundary (`sinks/ojs.py`), and consumed 
 from __future__ import annotations
 
 import enum
-import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
+
+from relayd import jsonvalue
 
 # ojs-protocol.md §1.2 and §8.2.
 TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
@@ -57,11 +59,15 @@ class Envelope:
 
     @classmethod
     def parse(cls, text: str | bytes, event_id: str) -> Envelope:
-        """Parse and validate a stored job; `InvalidEnvelope` says precisely what is wrong."""
+        """Parse and validate a stored job; `InvalidEnvelope` says precisely what is wrong.
+
+        Whatever the row holds, this raises nothing else: a row relayd cannot understand is
+        that row's problem (dead-lettered), never the worker's (C6).
+        """
         try:
-            job = json.loads(text)
-        except ValueError as exc:
-            raise InvalidEnvelope(f"not JSON: {exc}") from None
+            job = jsonvalue.loads(text)
+        except jsonvalue.JsonError as exc:
+            raise InvalidEnvelope(str(exc)) from None
         if not isinstance(job, dict):
             raise InvalidEnvelope("the job is not a JSON object")
         job_id = job.get("id")
@@ -122,7 +128,7 @@ def _json_type(value: object) -> str:
         return "null"
     if isinstance(value, bool):
         return "a boolean"
-    if isinstance(value, int | float):
+    if isinstance(value, int | float | Decimal):
         return "a number"
     if isinstance(value, str):
         return "a string"
@@ -140,8 +146,7 @@ class ClaimedRow:
     job: bytes
     attempts: int
     previous_attempt_at: datetime | None
-    age_s: float
-    claimed_at: float = field(compare=False)  # time.monotonic() when the claim returned
+    age_s: float  # since created_at, on the database's clock; infinite if created_at is
 
     @property
     def claimed_before(self) -> bool:

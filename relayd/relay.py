@@ -19,13 +19,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from relayd.config import Settings
-from relayd.errors import DatabaseUnavailable
+from relayd.errors import DatabaseUnavailable, StatementError, WorkerCrashed
 from relayd.logs import get_logger
 from relayd.metrics import RelayMetrics
 from relayd.models import (
@@ -121,8 +120,16 @@ class RelayContext:
 
 @dataclass(frozen=True)
 class Claim:
+    """Rows leased to one owner token, and the loop times that bound what may be done with
+    them. Both bounds count from *before* the claim statement was sent: its answer may
+    arrive late (a slow link, a stalled server), and the lease runs from the database's
+    commit, not from our receipt (C4)."""
+
     owner: uuid.UUID
     rows: list[ClaimedRow]
+    start_by: float  # no attempt starts, no POST is sent, after this
+    lease_ends: float  # the lease has certainly expired by then: settling is pointless
+    answered_at: float  # when the claim's answer arrived (for the commit-to-publish lag)
 
 
 @dataclass
@@ -143,7 +150,6 @@ class RelayWorker:
         self.name = name
         self._log = get_logger("relay").bind(worker=name)
         self._relay = ctx.settings.relay
-        self._start_by = math.inf  # loop time after which a claim's attempts may not start
         self._grace_ends = math.inf  # set by the drain: no attempt runs past it
         self._scopes: set[asyncio.Timeout] = set()
         self.released = 0  # rows handed back unstarted (drain, open breaker)
@@ -173,14 +179,28 @@ class RelayWorker:
                 await self.wait_for_work(snapshot)
 
     async def cycle(self, permit: Permit) -> bool:
-        """One claim -> publish -> settle; False when there was nothing to claim."""
+        """One claim -> publish -> settle; False when there was nothing to claim.
+
+        `DatabaseUnavailable` (the connection's problem) propagates for `run` to retry; any
+        other failure is relayd's own and becomes `WorkerCrashed`, naming the step, the
+        statement if there was one, and the rows this worker held.
+        """
+        step, held = "claim", []
         try:
             claim = await self.claim(1 if permit is Permit.PROBE else self._relay.batch_size)
             if not claim.rows:
                 return False
+            held = [row.event_id for row in claim.rows]
+            step = "publish"
             outcomes = await self.publish(claim)
+            step = "settle"
             await self.settle(claim, outcomes)
             return True
+        except (DatabaseUnavailable, WorkerCrashed):
+            raise
+        except Exception as exc:
+            statement = exc.statement if isinstance(exc, StatementError) else None
+            raise WorkerCrashed(step, held, statement) from exc
         finally:
             if permit is Permit.PROBE:
                 # Verdict or not (no row, only invalid rows), the probe is over: another
@@ -200,23 +220,40 @@ class RelayWorker:
     async def claim(self, limit: int) -> Claim:
         """Lease up to `limit` due rows to a fresh owner token (one autocommitted statement)."""
         owner = uuid.uuid4()
-        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        sent_at = loop.time()
         rows = await self._ctx.store.claim(limit, owner, self._relay.lease_s)
+        answered_at = loop.time()
         self._ctx.metrics.claims.inc()
-        self._ctx.metrics.claim_duration.observe(time.monotonic() - started)
+        self._ctx.metrics.claim_duration.observe(answered_at - sent_at)
         if rows:
             self._ctx.metrics.claimed_rows.inc(len(rows))
             self.in_flight = len(rows)
-        return Claim(owner=owner, rows=rows)
+        lease_ends = sent_at + self._relay.lease_s
+        return Claim(
+            owner=owner,
+            rows=rows,
+            # Each attempt gets sink.timeout_s from its own start and must end a timeout's
+            # worth before the lease does, leaving that long to settle (lease_s > 2 x
+            # timeout_s, a configuration rule).
+            start_by=lease_ends - 2 * self._ctx.settings.sink.timeout_s,
+            lease_ends=lease_ends,
+            answered_at=answered_at,
+        )
 
     async def wait_for_work(self, snapshot: asyncio.Event) -> None:
-        """Sleep until a notification, the next due row, the poll interval, or stop."""
+        """Sleep until a notification, the next due row, the poll interval, or stop.
+
+        The next-due query is only a hint: whatever it answers (an error, NULL, an infinite
+        or NaN time from a row parked by hand), the worker sleeps at most the poll interval.
+        """
+        timeout_s = self._relay.poll_interval_s
         try:
             due_s = await self._ctx.store.next_due_s()
-        except DatabaseUnavailable:
+        except (DatabaseUnavailable, StatementError) as exc:
+            self._log.warning("relay.next_due_unknown", error=str(exc))
             due_s = None
-        timeout_s = self._relay.poll_interval_s
-        if due_s is not None:
+        if due_s is not None and not math.isnan(due_s):
             timeout_s = min(timeout_s, max(due_s, _MIN_IDLE_S))
         await self._ctx.wakeup.wait(snapshot, timeout_s)
 
@@ -224,17 +261,12 @@ class RelayWorker:
 
     async def publish(self, claim: Claim) -> dict[str, Outcome]:
         """Send the claim's rows to the sink concurrently, each attempt under its deadline."""
-        settings = self._ctx.settings.sink
         outcomes: dict[str, Outcome] = {}
         envelopes: dict[str, Envelope] = {}
         for row in claim.rows:
-            size = len(row.job)
-            if size > settings.max_envelope_bytes:
-                outcomes[row.event_id] = DeadLetter(
-                    DeadReason.TOO_LARGE,
-                    f"the envelope is {size} bytes, over sink.max_envelope_bytes "
-                    f"({settings.max_envelope_bytes})",
-                )
+            failure = self._unpublishable(row)
+            if failure is not None:
+                outcomes[row.event_id] = failure
                 continue
             try:
                 envelopes[row.event_id] = Envelope.parse(row.job, row.event_id)
@@ -248,27 +280,50 @@ class RelayWorker:
         batched = first_tries if len(first_tries) > 1 and await self._batch_enabled() else []
         in_batch = {row.event_id for row in batched}
 
-        sink = self._ctx.sink
-        # Each attempt gets sink.timeout_s from its own start, and must end a timeout's worth
-        # before the lease does, leaving that long to settle (lease_s > 2 x timeout_s).
-        self._start_by = (
-            asyncio.get_running_loop().time() + self._relay.lease_s - 2 * settings.timeout_s
-        )
+        sink, send_by = self._ctx.sink, claim.start_by
         attempts = [
-            self._attempt(chunk, functools.partial(sink.publish_batch, chunk, envelopes))
+            self._attempt(
+                claim,
+                chunk,
+                functools.partial(sink.publish_batch, chunk, envelopes, send_by=send_by),
+            )
             for chunk in sink.plan_batches(batched)
         ]
         attempts += [
-            self._attempt([row], functools.partial(self._publish_one, row, envelopes[row.event_id]))
+            self._attempt(
+                claim, [row], functools.partial(self._publish_one, row, envelopes, send_by)
+            )
             for row in sendable
             if row.event_id not in in_batch
         ]
-        for result in await asyncio.gather(*attempts):
+        # Every attempt runs to its end before anything is decided: none is left running
+        # unsupervised, and none is cut mid-request by a sibling's failure.
+        for result in await asyncio.gather(*attempts, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
             outcomes.update(result)
         return outcomes
 
-    async def _publish_one(self, row: ClaimedRow, envelope: Envelope) -> dict[str, Outcome]:
-        return {row.event_id: await self._ctx.sink.publish(row, envelope)}
+    def _unpublishable(self, row: ClaimedRow) -> DeadLetter | None:
+        """The checks that need no parsing: the row's size and its commit time."""
+        limit = self._ctx.settings.sink.max_envelope_bytes
+        if len(row.job) > limit:
+            return DeadLetter(
+                DeadReason.TOO_LARGE,
+                f"the envelope is {len(row.job)} bytes, over sink.max_envelope_bytes ({limit})",
+            )
+        if not math.isfinite(row.age_s):
+            # The table's checks refuse such a created_at; a row from before them (or from
+            # a table whose checks were dropped) is refused here instead of being published
+            # with a lag no metric can hold.
+            return DeadLetter(DeadReason.INVALID_ENVELOPE, "created_at is not a finite time")
+        return None
+
+    async def _publish_one(
+        self, row: ClaimedRow, envelopes: dict[str, Envelope], send_by: float
+    ) -> dict[str, Outcome]:
+        outcome = await self._ctx.sink.publish(row, envelopes[row.event_id], send_by=send_by)
+        return {row.event_id: outcome}
 
     async def _batch_enabled(self) -> bool:
         try:
@@ -279,6 +334,7 @@ class RelayWorker:
 
     async def _attempt(
         self,
+        claim: Claim,
         rows: Sequence[ClaimedRow],
         send: Callable[[], Awaitable[dict[str, Outcome]]],
     ) -> dict[str, Outcome]:
@@ -286,13 +342,14 @@ class RelayWorker:
 
         An attempt that cannot start (stopping, breaker open, or queued for a slot until too
         little of the lease was left) returns NotStarted: the claim is released, not counted.
+        Anything else it raises is relayd's own failure, reported with the rows it held.
         """
         loop = asyncio.get_running_loop()
         async with self._ctx.slots:
             if (
                 self._ctx.stopping.is_set()
                 or self._ctx.gate.state is BreakerState.OPEN
-                or loop.time() > self._start_by
+                or loop.time() > claim.start_by
             ):
                 return {row.event_id: NotStarted() for row in rows}
             started = loop.time()
@@ -309,6 +366,8 @@ class RelayWorker:
                 if not self._ctx.stopping.is_set():  # a drain cut is ours, not the sink's
                     self._ctx.gate.sink_failed(severe=False)
                 result = {row.event_id: expired for row in rows}
+            except Exception as exc:
+                raise WorkerCrashed("publish", [row.event_id for row in rows]) from exc
             elapsed_s = loop.time() - started
             for outcome in result.values():
                 self._ctx.metrics.publish_duration.labels(_label(outcome)).observe(elapsed_s)
@@ -403,14 +462,14 @@ class RelayWorker:
                 continue
             updated = await self._settle_with_retry(claim, kind, run)
             if updated is not None:
-                self._account(kind, rows, updated, plan)
+                self._account(claim, kind, rows, updated, plan)
 
     async def _settle_with_retry(
         self, claim: Claim, kind: str, run: Callable[[], Awaitable[set[str]]]
     ) -> set[str] | None:
         """Retry a settle while PostgreSQL is away, until the lease would have expired anyway
         (after that another owner may hold the rows and the fence makes our write a no-op)."""
-        give_up_at = claim.rows[0].claimed_at + self._relay.lease_s
+        loop = asyncio.get_running_loop()
         failures = 0
         while True:
             try:
@@ -418,7 +477,7 @@ class RelayWorker:
             except DatabaseUnavailable as exc:
                 failures += 1
                 self._ctx.metrics.database_errors.inc()
-                if time.monotonic() >= give_up_at:
+                if loop.time() >= claim.lease_ends:
                     self._log.error(
                         "relay.settle_abandoned",
                         kind=kind,
@@ -429,7 +488,7 @@ class RelayWorker:
                 await asyncio.sleep(DATABASE_RETRY.delay_s(failures))
 
     def _account(
-        self, kind: str, rows: list[ClaimedRow], updated: set[str], plan: _Settlement
+        self, claim: Claim, kind: str, rows: list[ClaimedRow], updated: set[str], plan: _Settlement
     ) -> None:
         """Metrics and one log event per settled row; rows another owner held are only
         counted as stale (C3)."""
@@ -439,11 +498,11 @@ class RelayWorker:
             metrics.outcomes.labels("stale").inc(stale)
             log.warning("relay.stale_settle", kind=kind, rows=len(rows), stale=stale)
         if kind == "published":
-            now = time.monotonic()
+            since_claim_s = asyncio.get_running_loop().time() - claim.answered_at
             for row, published in plan.published:
                 if row.event_id not in updated:
                     continue
-                metrics.commit_to_publish.observe(row.age_s + (now - row.claimed_at))
+                metrics.commit_to_publish.observe(max(row.age_s + since_claim_s, 0.0))
                 label = "reconciled" if published.reconciled else "published"
                 metrics.outcomes.labels(label).inc()
                 (log.info if published.reconciled or published.sink_job_id else log.debug)(

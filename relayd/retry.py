@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import enum
 import random
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+
+# RFC 9110 delta-seconds: ASCII digits only (str.isdigit() also accepts "²" and "٣").
+_DELTA_SECONDS = re.compile(r"[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -37,20 +41,21 @@ class Backoff:
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """`Retry-After` as seconds from now: delta-seconds or an HTTP date; None if absent/bad."""
+    """`Retry-After` as seconds from now: delta-seconds or an HTTP date; None if absent or
+    not one of those. Never raises: a header is the sink's text, not ours."""
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
-        return float(value)
+    if _DELTA_SECONDS.fullmatch(value):
+        return float(value)  # float(), not int(): any number of digits, inf at worst
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        now = datetime.now(UTC) if now is None else now
+        return max((when - now).total_seconds(), 0.0)
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    now = datetime.now(UTC) if now is None else now
-    return max((when - now).total_seconds(), 0.0)
 
 
 # Waiting for PostgreSQL to come back (connect at start, statements mid-run, the LISTEN

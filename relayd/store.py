@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -20,7 +19,13 @@ from typing import Any
 import asyncpg
 
 from relayd.config import OutboxTable
-from relayd.errors import ConfigError, DatabaseUnavailable, MigrationError, SchemaError
+from relayd.errors import (
+    ConfigError,
+    DatabaseUnavailable,
+    MigrationError,
+    SchemaError,
+    StatementError,
+)
 from relayd.models import ClaimedRow
 
 # Columns `relayd run` needs; their absence means the outbox was never migrated.
@@ -41,17 +46,47 @@ RELAY_COLUMNS = frozenset(
     }
 )
 
-# Failures that say "the database is not reachable right now", not "this statement is wrong".
-_TRANSIENT: tuple[type[BaseException], ...] = (
+# Failures that say "this connection is gone, or the server cannot serve it right now", not
+# "this statement is wrong". A PostgreSQL restart or failover, pg_terminate_backend, a network
+# cut and a statement timeout all surface as one of these, at any statement, in any state of
+# asyncpg's protocol machine (hence InternalClientError and InterfaceError).
+_CONNECTION_GONE: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.exceptions.OperatorInterventionError,  # shutdown, cannot connect now, cancelled
-    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
-    asyncpg.exceptions.SerializationError,
-    asyncpg.exceptions.DeadlockDetectedError,
+    asyncpg.PostgresConnectionError,  # class 08, and "connection was closed in the middle"
+    asyncpg.InterfaceError,  # "connection is closed", "another operation is in progress"
+    asyncpg.InternalClientError,  # protocol state errors after the server went away
+    asyncpg.exceptions.InvalidCachedStatementError,  # a schema change: re-prepared next time
 )
+_SQLSTATE_CLASSES_GONE = frozenset(
+    {
+        "08",  # connection exception
+        "40",  # transaction rollback: serialization failure, deadlock
+        "53",  # insufficient resources: too many connections, disk full
+        "57",  # operator intervention: shutdown, terminated, statement timeout
+        "58",  # system error: I/O
+    }
+)
+_SQLSTATES_GONE = frozenset(
+    {
+        "55P03",  # lock_not_available (lock_timeout)
+        "25006",  # read_only_sql_transaction: a failover left us on a standby
+    }
+)
+
+
+def connection_gone(exc: BaseException) -> bool:
+    """Whether `exc` means "retry on another connection" rather than "this statement fails"."""
+    if isinstance(exc, asyncpg.ClientConfigurationError):
+        return False  # a bad DSN or option: an operator must fix it
+    if isinstance(exc, _CONNECTION_GONE):
+        return True
+    if isinstance(exc, asyncpg.PostgresError):
+        sqlstate = exc.sqlstate or ""
+        return sqlstate[:2] in _SQLSTATE_CLASSES_GONE or sqlstate in _SQLSTATES_GONE
+    return False
+
+
 # Failures an operator must fix (bad password, missing database): retrying will not help.
 FATAL_CONNECT: tuple[type[BaseException], ...] = (
     asyncpg.InvalidAuthorizationSpecificationError,
@@ -81,17 +116,23 @@ def render(sql: str, table: OutboxTable) -> str:
 
 
 @contextlib.contextmanager
-def _translated() -> Iterator[None]:
+def _translated(statement: str = "connect") -> Iterator[None]:
+    """asyncpg's exceptions become relayd's: `DatabaseUnavailable` when the connection is
+    gone (callers retry), `StatementError` naming `statement` when PostgreSQL refused it."""
     try:
         yield
-    except _TRANSIENT as exc:
-        raise DatabaseUnavailable(describe_db_error(exc)) from exc
+    except Exception as exc:
+        if connection_gone(exc):
+            raise DatabaseUnavailable(describe_db_error(exc)) from exc
+        if isinstance(exc, asyncpg.PostgresError):
+            raise StatementError(statement, describe_db_error(exc)) from exc
+        raise
 
 
 def describe_db_error(exc: BaseException) -> str:
     """A short, secret-free description of a database failure."""
     if isinstance(exc, asyncpg.PostgresError):
-        return f"{type(exc).__name__}: {exc.sqlstate}"
+        return f"{type(exc).__name__}: {exc.sqlstate}: {str(exc)[:200]}"
     if isinstance(exc, OSError) and exc.strerror:
         return f"{type(exc).__name__}: {exc.strerror}"
     return type(exc).__name__
@@ -125,9 +166,10 @@ class Store:
         statement_timeout_s: float = 30.0,
     ) -> Store:
         """Open a pool; `DatabaseUnavailable` if PostgreSQL cannot be reached, `ConfigError`
-        if it refuses us for good (bad credentials, no such database, a malformed DSN)."""
-        try:
-            with _translated():
+        if it refuses us for good (bad credentials, no such database, a malformed DSN, an
+        unknown server option)."""
+        with _translated():
+            try:
                 pool = await asyncpg.create_pool(
                     dsn,
                     min_size=1,
@@ -135,28 +177,35 @@ class Store:
                     timeout=connect_timeout_s,
                     server_settings=_server_settings(statement_timeout_s),
                 )
-        except FATAL_CONNECT as exc:
-            raise ConfigError(
-                "database.dsn", f"the server refused the connection: {type(exc).__name__}"
-            ) from None
-        except (ValueError, asyncpg.ClientConfigurationError) as exc:
-            # The message may quote the DSN, which may hold a password: name the type only.
-            raise ConfigError("database.dsn", f"invalid DSN ({type(exc).__name__})") from None
+            except (ValueError, asyncpg.ClientConfigurationError) as exc:
+                # The message may quote the DSN, which may hold a password: name the type only.
+                raise ConfigError("database.dsn", f"invalid DSN ({type(exc).__name__})") from None
+            except asyncpg.PostgresError as exc:
+                # Unreachable, shutting down, too many connections: _translated() makes it
+                # DatabaseUnavailable. Anything else the server says while we connect
+                # (FATAL_CONNECT, an unknown option in the DSN: 42704) it will say again.
+                if connection_gone(exc) and not isinstance(exc, FATAL_CONNECT):
+                    raise
+                # The server's message names a user, a database or a setting, never the
+                # password; the DSN itself is not quoted.
+                raise ConfigError(
+                    "database.dsn",
+                    f"the server refused the connection: {exc.message} ({exc.sqlstate})",
+                ) from None
         return cls(pool, table, dsn)
 
     async def close(self) -> None:
-        with contextlib.suppress(*_TRANSIENT):
+        with contextlib.suppress(*_CONNECTION_GONE):
             await asyncio.wait_for(self._pool.close(), timeout=5)
 
     async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
-        with _translated():
+        with _translated(name):
             return await self._pool.fetch(self._q[name], *args)
 
     # --- the cycle ----------------------------------------------------------------------
 
     async def claim(self, limit: int, owner: uuid.UUID, lease_s: float) -> list[ClaimedRow]:
         records = await self._fetch("claim", limit, owner, lease_s)
-        claimed_at = time.monotonic()
         return [
             ClaimedRow(
                 event_id=r["event_id"],
@@ -164,7 +213,6 @@ class Store:
                 attempts=r["attempts"],
                 previous_attempt_at=r["previous_attempt_at"],
                 age_s=r["age_s"],
-                claimed_at=claimed_at,
             )
             for r in records
         ]
@@ -211,16 +259,16 @@ class Store:
         return {record[0] for record in records}
 
     async def next_due_s(self) -> float | None:
-        with _translated():
+        with _translated("next_due_s"):
             value: float | None = await self._pool.fetchval(self._q["next_due_s"])
         return value
 
     async def ping(self) -> None:
-        with _translated():
+        with _translated("ping"):
             await self._pool.fetchval(self._q["ping"])
 
     async def delete_published(self, retention_s: float, limit: int) -> int:
-        with _translated():
+        with _translated("delete_published"):
             status: str = await self._pool.execute(self._q["delete_published"], retention_s, limit)
         return int(status.rsplit(" ", 1)[-1])
 
@@ -248,7 +296,7 @@ class Store:
         """
         outbox = str(self.table)
         checksums = {version: checksum for version, _name, checksum, _sql in migrations}
-        with _translated():
+        with _translated("migrations"):
             async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(self._q["migrations_lock"], outbox)
                 await conn.execute(self._q["migrations_schema_create"])
@@ -285,18 +333,18 @@ class Store:
     @contextlib.asynccontextmanager
     async def listen(self, on_notify: Callable[[], None]) -> AsyncIterator[Listener]:
         """A dedicated connection LISTENing on the outbox's insert channel."""
-        with _translated():
+        with _translated("listen"):
             conn = await asyncpg.connect(
                 self._dsn, timeout=10, server_settings={"application_name": "relayd-listen"}
             )
         listener = Listener(conn)
         try:
-            with _translated():
+            with _translated("listen"):
                 conn.add_termination_listener(lambda _conn: listener.lost.set())
                 await conn.add_listener(self.table.channel, lambda *_args: on_notify())
             yield listener
         finally:
-            with contextlib.suppress(*_TRANSIENT):
+            with contextlib.suppress(*_CONNECTION_GONE):
                 await asyncio.wait_for(conn.close(), timeout=5)
             conn.terminate()
 
@@ -309,7 +357,7 @@ class Listener:
         self.lost = asyncio.Event()
 
     async def ping(self) -> None:
-        with _translated():
+        with _translated("listen_ping"):
             await self._conn.fetchval("SELECT 1")
 
 

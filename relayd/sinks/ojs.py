@@ -8,6 +8,7 @@ class only moves bytes and remembers whether the server offers batches.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import ssl
 import time
@@ -17,8 +18,9 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
-from relayd import __version__
+from relayd import __version__, jsonvalue
 from relayd.config import SinkSettings
+from relayd.jsonvalue import equal
 from relayd.models import (
     DEFAULT_QUEUE,
     ClaimedRow,
@@ -88,9 +90,10 @@ class NotFound:
 
 
 def parse_json(body: bytes) -> Any:
+    """The body as JSON, or None if it is not JSON relayd can read (never raises)."""
     try:
-        return json.loads(body)
-    except ValueError:
+        return jsonvalue.loads(body)
+    except jsonvalue.JsonError:
         return None
 
 
@@ -121,7 +124,6 @@ def _job_of(body: bytes) -> dict[str, Any] | None:
 def classify_post(response: Response, event_id: str) -> Outcome | Reconcile:
     """What one POST /ojs/v1/jobs answer means for the row (ojs-protocol.md §1.10)."""
     status = response.status
-    retry_after_s = parse_retry_after(response.retry_after)
     if 200 <= status < 300:
         job = _job_of(response.body)
         if job is None:
@@ -135,7 +137,7 @@ def classify_post(response: Response, event_id: str) -> Outcome | Reconcile:
     error = parse_error(response.body)
     text = error.describe(status)
     if error.code == "queue_paused":
-        return RetryLater(text, retry_after_s)
+        return RetryLater(text, parse_retry_after(response.retry_after))
     if status == 409:
         existing = error.details.get("existing_job_id")
         return Reconcile(text, existing if isinstance(existing, str) else None)
@@ -145,7 +147,7 @@ def classify_post(response: Response, event_id: str) -> Outcome | Reconcile:
         return DeadLetter(DeadReason.SINK_TOO_LARGE, text)
     if status == 422:
         return DeadLetter(DeadReason.SINK_UNPROCESSABLE, text)
-    return _failure(status, text, retry_after_s, method="POST")
+    return _failure(status, text, parse_retry_after(response.retry_after), method="POST")
 
 
 def _failure(status: int, text: str, retry_after_s: float | None, *, method: str) -> Outcome:
@@ -194,30 +196,17 @@ def differences(envelope: Envelope, job: Mapping[str, Any]) -> list[str]:
         found.append("type")
     if (job.get("queue") or DEFAULT_QUEUE) != envelope.queue:
         found.append("queue")
-    if not json_equal(job.get("args"), envelope.args):
+    if not equal(job.get("args"), envelope.args):
         found.append("args")
     meta = job.get("meta")
     meta = meta if isinstance(meta, dict) else {}
-    if any(key not in meta or not json_equal(meta[key], v) for key, v in envelope.meta.items()):
+    if any(key not in meta or not equal(meta[key], v) for key, v in envelope.meta.items()):
         found.append("meta")
-    if envelope.priority is not None and not json_equal(job.get("priority"), envelope.priority):
+    if envelope.priority is not None and not equal(job.get("priority"), envelope.priority):
         found.append("priority")
-    if envelope.tags is not None and not json_equal(job.get("tags"), envelope.tags):
+    if envelope.tags is not None and not equal(job.get("tags"), envelope.tags):
         found.append("tags")
     return found
-
-
-def json_equal(a: Any, b: Any) -> bool:
-    """JSON value equality: 1 == 1.0, but true != 1 and key order never matters."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, int | float) and isinstance(b, int | float):
-        return a == b
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
-    return type(a) is type(b) and a == b
 
 
 def classify_exception(exc: BaseException) -> SinkDown:
@@ -276,7 +265,13 @@ def plan_batches(
 
 
 class OjsSink:
-    """Publishes rows to one OJS server over a keep-alive connection pool."""
+    """Publishes rows to one OJS server over a keep-alive connection pool.
+
+    Every POST is sent only while its attempt may still start (`send_by`, loop time): a
+    claim whose lease ran out while relayd was waiting (for PostgreSQL's answer, a free
+    connection, an earlier request) must not write to the sink (C4). A GET changes nothing
+    on the sink, so it needs no such check.
+    """
 
     def __init__(self, settings: SinkSettings, url: str, health: SinkHealth) -> None:
         self._settings = settings
@@ -285,6 +280,8 @@ class OjsSink:
         self._session: aiohttp.ClientSession | None = None
         self._batch_known: bool | None = {"on": True, "off": False}.get(settings.batch)
         self._batch_checked_at = float("-inf")
+        token = settings.token.get_secret_value() if settings.token is not None else None
+        self._secrets = secret_forms(token) if token else ()
 
     async def start(self) -> None:
         headers = {"Accept": MEDIA_TYPE, "User-Agent": f"relayd/{__version__}"}
@@ -313,13 +310,13 @@ class OjsSink:
 
     # --- single rows ---
 
-    async def publish(self, row: ClaimedRow, envelope: Envelope) -> Outcome:
+    async def publish(self, row: ClaimedRow, envelope: Envelope, *, send_by: float) -> Outcome:
         """GET first if an earlier attempt may have landed, else POST; a 409 is reconciled."""
         if row.claimed_before:
             found = await self._get(row, envelope)
             if not isinstance(found, NotFound):
                 return found
-        posted = await self._post(row)
+        posted = await self._post(row, send_by)
         if not isinstance(posted, Reconcile):
             return posted
         found = await self._get(row, envelope, suffix="-reconcile")
@@ -330,7 +327,9 @@ class OjsSink:
             return Published(sink_state="deduplicated", sink_job_id=posted.existing_job_id)
         return RetryLater(f"{posted.error}, yet GET finds no job with this id")
 
-    async def _post(self, row: ClaimedRow) -> Outcome | Reconcile:
+    async def _post(self, row: ClaimedRow, send_by: float) -> Outcome | Reconcile:
+        if _too_late(send_by):
+            return NotStarted()
         answer = await self._exchange(
             "POST", JOBS_PATH, row.job, request_id(row.event_id, row.attempts)
         )
@@ -380,19 +379,24 @@ class OjsSink:
         )
 
     async def publish_batch(
-        self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope]
+        self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope], *, send_by: float
     ) -> dict[str, Outcome]:
         """First attempts through POST /jobs/batch (§1.7). A 400/422 naming an index
-        dead-letters that row and resends the rest; 413 (or a 400/422 naming none) splits;
+        dead-letters that row, reconciles the rows before it (a server that stores items one
+        by one may hold them) and resends the rest; 413 (or a 400/422 naming none) splits;
         any other failure leaves every row of the request ambiguous."""
         outcomes: dict[str, Outcome] = {}
         pending = [list(rows)]
         while pending:
             chunk = pending.pop()
             if len(chunk) == 1:
-                outcomes[chunk[0].event_id] = await self.publish(
-                    chunk[0], envelopes[chunk[0].event_id]
+                row = chunk[0]
+                outcomes[row.event_id] = await self.publish(
+                    row, envelopes[row.event_id], send_by=send_by
                 )
+                continue
+            if _too_late(send_by):
+                outcomes.update((row.event_id, NotStarted()) for row in chunk)
                 continue
             answer = await self._exchange(
                 "POST",
@@ -424,7 +428,10 @@ class OjsSink:
                     DeadReason.SINK_REJECTED if status == 400 else DeadReason.SINK_UNPROCESSABLE
                 )
                 outcomes[bad.event_id] = DeadLetter(reason, error.describe(status))
-                pending.append(chunk[:index] + chunk[index + 1 :])
+                earlier = await self._reconcile(chunk[:index], envelopes, outcomes)
+                rest = earlier + chunk[index + 1 :]
+                if rest:
+                    pending.append(rest)
                 continue
             if status in (400, 413, 422):
                 self._health.sink_ok()
@@ -439,6 +446,25 @@ class OjsSink:
             )
             outcomes.update((row.event_id, ambiguous) for row in chunk)
         return outcomes
+
+    async def _reconcile(
+        self,
+        rows: Sequence[ClaimedRow],
+        envelopes: Mapping[str, Envelope],
+        outcomes: dict[str, Outcome],
+    ) -> list[ClaimedRow]:
+        """GET each row (C2): record what the sink holds in `outcomes`; return the rows it
+        does not hold, which may be sent again."""
+        found = await asyncio.gather(
+            *(self._get(row, envelopes[row.event_id], suffix="-batch-get") for row in rows)
+        )
+        absent: list[ClaimedRow] = []
+        for row, result in zip(rows, found, strict=True):
+            if isinstance(result, NotFound):
+                absent.append(row)
+            else:
+                outcomes[row.event_id] = result
+        return absent
 
     # --- transport ---
 
@@ -455,6 +481,10 @@ class OjsSink:
                 method, self._url + path, data=body, headers=headers, allow_redirects=False
             ) as response:
                 content = await response.content.read(_MAX_RESPONSE_BYTES)
+                if not 200 <= response.status < 300:
+                    # Error text may reach logs and last_error; a server or proxy that
+                    # echoes our Authorization header must not put the token there.
+                    content = redact(content, self._secrets)
                 return Response(response.status, content, response.headers.get("Retry-After"))
         except aiohttp.ClientError as exc:
             return classify_exception(exc)
@@ -466,6 +496,28 @@ class OjsSink:
         else:
             self._health.sink_ok()
         return outcome
+
+
+def _too_late(send_by: float) -> bool:
+    return asyncio.get_running_loop().time() > send_by
+
+
+def secret_forms(secret: str) -> tuple[bytes, ...]:
+    """The byte strings under which `secret` may appear in an answer: as sent, and as JSON
+    encoders escape it (with or without non-ASCII escapes, an escaped `/`, Go's escaped
+    `<`, `>` and `&`); longest first, so no form is left half replaced."""
+    forms = {secret}
+    for ascii_only in (True, False):
+        escaped = json.dumps(secret, ensure_ascii=ascii_only)[1:-1]
+        go = escaped.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+        forms.update((escaped, escaped.replace("/", "\\/"), go))
+    return tuple(sorted((form.encode() for form in forms), key=len, reverse=True))
+
+
+def redact(body: bytes, secrets: Sequence[bytes]) -> bytes:
+    for secret in secrets:
+        body = body.replace(secret, b"***")
+    return body
 
 
 def _batch_accepted(chunk: Sequence[ClaimedRow], body: bytes) -> dict[str, Outcome]:

@@ -28,7 +28,10 @@ RETURNING o.event_id::text AS event_id,
           convert_to(o.job::text, 'UTF8') AS job,  -- the request body, as bytes
           o.attempts,
           due.last_attempt_at AS previous_attempt_at,
-          extract(epoch FROM clock_timestamp() - o.created_at)::float8 AS age_s;
+          -- Epoch arithmetic, not timestamp subtraction: an infinite created_at (the
+          -- producer's column) gives an infinite age instead of failing the whole claim.
+          (extract(epoch FROM clock_timestamp()) - extract(epoch FROM o.created_at))::float8
+              AS age_s;
 
 -- name: settle_published
 -- Mark rows the sink accepted. Fenced: only the claim's owner token may settle (C3).
@@ -83,9 +86,10 @@ RETURNING o.event_id::text;
 
 -- name: next_due_s
 -- Seconds until the earliest pending row is due (negative if one is due now), or NULL when
--- nothing is pending. Reads the first entry of the claim index.
+-- nothing is pending. Reads the first entry of the claim index. Epoch arithmetic keeps a
+-- row parked by hand at 'infinity' (or '-infinity') from failing the query: +/-Infinity.
 -- params: none
-SELECT extract(epoch FROM available_at - now())::float8
+SELECT (extract(epoch FROM available_at) - extract(epoch FROM now()))::float8
 FROM @outbox@
 WHERE published_at IS NULL AND dead_at IS NULL
 ORDER BY available_at, event_id

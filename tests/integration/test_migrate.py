@@ -122,6 +122,20 @@ async def test_adopts_guide_shaped_outbox_keeping_rows(empty_database: Database)
             "018f0000-0000-7000-8000-000000000044",
             '{"id":"018f0000-0000-7000-8000-000000000044","type":"order.fulfill","args":{}}',
         )
+        # Rows no lag can be computed for: an infinite created_at, pending (dead-lettered by
+        # migrate) or already published (kept as it is).
+        for n, created, published in (
+            (45, "-infinity", "NULL"),
+            (46, "infinity", "NULL"),
+            (47, "infinity", "now()"),
+        ):
+            event_id = f"018f0000-0000-7000-8000-0000000000{n}"
+            await conn.execute(
+                "INSERT INTO guide_app.outbox (event_id, job, created_at, published_at) "
+                f"VALUES ($1, $2, '{created}', {published})",
+                event_id,
+                json.dumps({"id": event_id, "type": "order.fulfill", "args": []}),
+            )
         before = await conn.fetch(
             "SELECT event_id, job, created_at, published_at FROM guide_app.outbox ORDER BY 1"
         )
@@ -140,8 +154,15 @@ async def test_adopts_guide_shaped_outbox_keeping_rows(empty_database: Database)
             "FROM guide_app.outbox ORDER BY 1"
         )
         assert [tuple(r)[:4] for r in after] == [tuple(r) for r in before]
-        assert [r["attempts"] for r in after] == [0, 0, 0]
-        assert [r["dead_reason"] for r in after] == [None, None, "invalid_envelope"]
+        assert [r["attempts"] for r in after] == [0] * 6
+        assert [r["dead_reason"] for r in after] == [
+            None,
+            None,
+            "invalid_envelope",  # args is an object
+            "invalid_envelope",  # created_at -infinity, pending
+            "invalid_envelope",  # created_at infinity, pending
+            None,  # created_at infinity, but published long ago
+        ]
         assert await _ledger(conn, "guide_app") == [
             ("guide_app.outbox", m.version) for m in load_migrations()
         ]
@@ -184,3 +205,19 @@ async def test_bad_outbox_row_fails_the_producer_transaction(
     assert constraint in str(caught.value)
     assert await conn.fetchval("SELECT count(*) FROM orders") == 0
     assert await conn.fetchval("SELECT count(*) FROM relayd.outbox") == 0
+
+
+@pytest.mark.parametrize("created_at", ["infinity", "-infinity"])
+async def test_infinite_created_at_fails_the_producer_transaction(
+    conn: asyncpg.Connection, created_at: str
+) -> None:
+    """A producer's infinite created_at is refused at INSERT, naming the check."""
+    event_id = "018f0000-0000-7000-8000-000000000001"
+    body = json.dumps({"id": event_id, "type": "order.fulfill", "args": []})
+    with pytest.raises(asyncpg.CheckViolationError, match="relayd_created_at_is_finite"):
+        await conn.execute(
+            "INSERT INTO relayd.outbox (event_id, job, created_at) "
+            f"VALUES ($1, $2, '{created_at}')",
+            event_id,
+            body,
+        )

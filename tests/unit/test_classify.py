@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
+from decimal import Decimal
 from typing import Any
 
 import aiohttp
 import pytest
 
+from relayd.jsonvalue import equal as json_equal
 from relayd.models import (
     DeadLetter,
     DeadReason,
@@ -24,9 +27,10 @@ from relayd.sinks.ojs import (
     classify_get,
     classify_post,
     differences,
-    json_equal,
     parse_error,
     plan_batches,
+    redact,
+    secret_forms,
 )
 
 ID = "019539a4-aaaa-7000-8000-111111111111"
@@ -184,6 +188,70 @@ def test_json_equal_keeps_booleans_apart_from_numbers() -> None:
     assert not json_equal("1", 1)
     assert not json_equal(None, {})
     assert not json_equal([1], [1, 1])
+    assert json_equal(Decimal("1" * 5000), Decimal("1" * 5000))
+    assert json_equal(Decimal(2), 2.0)
+    assert not json_equal(Decimal("1" * 5000), Decimal("1" * 4999 + "2"))
+
+
+def test_comparison_of_deep_values_uses_no_recursion() -> None:
+    """C2/C6: comparing a 250-level job after a GET, with the interpreter's recursion limit
+    far below what a recursive compare would need, neither raises nor loses precision."""
+    deep = json.loads("[" * 250 + '{"k": 1}' + "]" * 250)
+    envelope = _envelope(args=deep)
+    job = {"id": ID, "type": "order.fulfill", "queue": "default", "args": deep}
+    other = json.loads("[" * 250 + '{"k": 2}' + "]" * 250)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(120)  # a recursive compare needs two frames per level
+    try:
+        assert differences(envelope, job) == []
+        assert differences(envelope, job | {"args": other}) == ["args"]
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def test_a_deep_answer_is_unreadable_not_a_crash() -> None:
+    """A sink answer nested deeper than relayd reads is 'unreadable', never RecursionError."""
+    body = b'{"job": {"id": "' + ID.encode() + b'", "args": ' + b"[" * 5000 + b"]" * 5000 + b"}}"
+    assert classify_post(_answer(201, body), ID) == RetryLater("HTTP 201 with an unreadable body")
+    envelope = _envelope()
+    assert classify_get(_answer(200, body), envelope) == RetryLater(
+        "GET: HTTP 200 with an unreadable body"
+    )
+
+
+@pytest.mark.parametrize("header", ["\u00b2", "\u0663", "1e9", "Thu, 99 Foo", "\x00"])
+@pytest.mark.parametrize("status", [201, 429, 503, 409])
+def test_no_retry_after_value_raises(header: str, status: int) -> None:
+    """Whatever Retry-After holds, classification returns an outcome (C6: no header can
+    crash a worker), and a 201 carrying it is still a publish."""
+    body = {"job": {"id": ID, "state": "available"}} if status == 201 else _err("x")
+    outcome = classify_post(_answer(status, body, retry_after=header), ID)
+    if status == 201:
+        assert outcome == Published("available")
+    assert getattr(outcome, "retry_after_s", None) is None
+
+
+def test_the_token_is_redacted_in_every_form_a_sink_may_echo_it() -> None:
+    """An error body echoing the bearer token (raw, JSON-escaped, Go-escaped) loses it."""
+    token = "tok/en<&>\u00e9-123"  # noqa: S105 - a test value, not a credential
+    forms = secret_forms(token)
+    echoed = [
+        f"Bearer {token}".encode(),
+        json.dumps({"error": {"message": f"bad token {token}"}}).encode(),
+        json.dumps({"message": token}, ensure_ascii=False).encode(),
+        json.dumps({"message": token}).replace("/", "\\/").encode(),
+        json.dumps({"message": token})
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .encode(),
+    ]
+    for body in echoed:
+        cleaned = redact(body, forms)
+        assert b"***" in cleaned
+        text = json.dumps(parse_error(cleaned).message or "") + cleaned.decode()
+        assert token not in text
+        assert "en<&>" not in text
 
 
 @pytest.mark.parametrize(

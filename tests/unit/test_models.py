@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-import time
+import sys
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -27,7 +28,6 @@ def claimed(job_bytes: int = 0, **job: Any) -> ClaimedRow:
         attempts=1,
         previous_attempt_at=None,
         age_s=0.0,
-        claimed_at=time.monotonic(),
     )
 
 
@@ -92,3 +92,53 @@ def test_uuid7_is_a_lowercase_version_7_uuid() -> None:
     assert value == value.lower()
     assert value[14] == "7"
     assert value[19] in "89ab"
+
+
+def _nested(levels: int, leaf: str = "1") -> str:
+    """A JSON array nested `levels` deep around `leaf`."""
+    return "[" * levels + leaf + "]" * levels
+
+
+@pytest.mark.parametrize("levels", [257, 500, 1000, 5000, 100_000])
+def test_deep_nesting_is_an_invalid_envelope_whatever_the_depth(levels: int) -> None:
+    """C6: an envelope nested deeper than relayd reads is that row's problem, whether
+    Python's decoder would recurse out (1,000 levels) or not (500): never a RecursionError."""
+    text = f'{{"id": "{ID}", "type": "t.x", "args": {_nested(levels - 1)}}}'
+    with pytest.raises(InvalidEnvelope, match="nested deeper than 256 levels"):
+        Envelope.parse(text, ID)
+
+
+def test_nesting_up_to_the_bound_parses() -> None:
+    """256 levels (the object, `args` and 254 arrays inside) is still an envelope."""
+    text = f'{{"id": "{ID}", "type": "t.x", "args": {_nested(255)}}}'
+    envelope = Envelope.parse(text.encode(), ID)
+    assert envelope.type == "t.x"
+
+
+def test_an_integer_longer_than_pythons_limit_is_read_exactly() -> None:
+    """A 5,000-digit integer is valid JSON: it parses (as an exact Decimal), not 'not JSON'."""
+    digits = "7" * 5000
+    assert len(digits) > sys.get_int_max_str_digits()
+    envelope = Envelope.parse(f'{{"id": "{ID}", "type": "t.x", "args": [{digits}, 1]}}', ID)
+    assert envelope.args == [Decimal(digits), 1]
+
+
+def test_a_huge_integer_is_not_a_priority() -> None:
+    """Priority must be a small integer even when the number is too long for int()."""
+    text = f'{{"id": "{ID}", "type": "t.x", "args": [], "options": {{"priority": {"9" * 5000}}}}}'
+    with pytest.raises(InvalidEnvelope, match=r"options\.priority"):
+        Envelope.parse(text, ID)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (b"\xff\xfe", "not JSON"),
+        ("{", "not JSON"),
+        ("", "not JSON"),
+    ],
+)
+def test_unreadable_bytes_are_an_invalid_envelope(text: str | bytes, message: str) -> None:
+    """Invalid UTF-8 or broken JSON raises InvalidEnvelope, nothing else."""
+    with pytest.raises(InvalidEnvelope, match=message):
+        Envelope.parse(text, ID)

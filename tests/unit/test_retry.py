@@ -53,10 +53,21 @@ def test_retry_after_replaces_backoff_and_is_capped() -> None:
         ("Wed, 21 Oct 2026 07:27:00 GMT", 0.0),  # in the past
         ("soon", None),
         ("-3", None),
+        # Digits that are not ASCII: str.isdigit() accepts them, float() refuses them.
+        ("\u00b2", None),
+        ("\u0663", None),
+        ("1\u00b2", None),
+        ("12.5", None),
+        ("", None),
+        ("9" * 5000, float("inf")),  # more digits than int() reads: still no exception
+        ("Fri, 31 Dec 9999 23:59:59 GMT", 251_609_733_119.0),  # capped later, by Backoff
+        ("Mon, 00 Xyz 0000 99:99:99 GMT", None),
+        ("\x00\xff", None),
     ],
 )
 def test_parse_retry_after(header: str | None, expected: float | None) -> None:
-    """Retry-After is delta-seconds or an HTTP date; garbage is ignored."""
+    """Retry-After is ASCII delta-seconds or an HTTP date; anything else is ignored and
+    no value raises."""
     now = datetime(2026, 10, 21, 7, 28, 0, tzinfo=UTC)
     assert parse_retry_after(header, now) == expected
 
