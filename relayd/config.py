@@ -45,9 +45,21 @@ _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _MAX_CHANNEL_BYTES = 63
 _REDACTED = "***"
 
+# Upper bounds of durations. Every one ends up in an asyncio deadline, an int conversion or
+# PostgreSQL's make_interval(), which overflow or fail at run time on huge values; a day is
+# far beyond any sane lease, timeout or backoff, and keeps every derived deadline finite.
+_MAX_DURATION_S = 24 * 3600.0
+# Retention is counted in years, not hours: ten of them is still far from interval limits.
+_MAX_RETENTION_S = 10 * 365 * 24 * 3600.0
+# PostgreSQL's statement_timeout is an int4 of milliseconds, and 0 means "no limit": the
+# setting must fit in 2^31 - 1 ms and be at least 1 ms.
+_MAX_STATEMENT_TIMEOUT_S = 2_147_483.0
+_MIN_STATEMENT_TIMEOUT_S = 0.001
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan parse as floats (TOML `inf`, env "inf") but are never a usable setting.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class OutboxTable(BaseModel):
@@ -98,8 +110,10 @@ class DatabaseSettings(_Section):
     dsn: SecretStr | None = None
     dsn_file: Path | None = None
     pool_max_size: int | None = Field(default=None, ge=2, le=1000)
-    connect_timeout_s: float = Field(default=10.0, gt=0)
-    statement_timeout_s: float = Field(default=30.0, gt=0)
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=_MAX_DURATION_S)
+    statement_timeout_s: float = Field(
+        default=30.0, ge=_MIN_STATEMENT_TIMEOUT_S, le=_MAX_STATEMENT_TIMEOUT_S
+    )
 
     _dsn_from_file: SecretStr | None = PrivateAttr(default=None)
 
@@ -133,8 +147,8 @@ class SinkSettings(_Section):
     url: str | None = None
     token_file: Path | None = None
     ca_file: Path | None = None
-    timeout_s: float = Field(default=10.0, gt=0)
-    connect_timeout_s: float = Field(default=3.0, gt=0)
+    timeout_s: float = Field(default=10.0, gt=0, le=_MAX_DURATION_S)
+    connect_timeout_s: float = Field(default=3.0, gt=0, le=_MAX_DURATION_S)
     concurrency: int = Field(default=32, ge=1, le=1024)
     batch: Literal["auto", "on", "off"] = "auto"
     batch_max_jobs: int = Field(default=100, ge=1, le=1000)
@@ -174,18 +188,18 @@ class SinkSettings(_Section):
 class RelaySettings(_Section):
     workers: int = Field(default=4, ge=1, le=256)
     batch_size: int = Field(default=100, ge=1, le=10_000)
-    lease_s: float = Field(default=30.0, gt=0)
-    poll_interval_s: float = Field(default=2.0, gt=0)
+    lease_s: float = Field(default=30.0, gt=0, le=_MAX_DURATION_S)
+    poll_interval_s: float = Field(default=2.0, gt=0, le=_MAX_DURATION_S)
     listen: bool = True
-    shutdown_grace_s: float = Field(default=10.0, ge=0)
+    shutdown_grace_s: float = Field(default=10.0, ge=0, le=_MAX_DURATION_S)
 
 
 class RetrySettings(_Section):
-    base_s: float = Field(default=1.0, gt=0)
-    cap_s: float = Field(default=60.0, gt=0)
+    base_s: float = Field(default=1.0, gt=0, le=_MAX_DURATION_S)
+    cap_s: float = Field(default=60.0, gt=0, le=_MAX_DURATION_S)
     max_attempts: int = Field(default=10, ge=1)
     breaker_threshold: int = Field(default=5, ge=1)
-    breaker_cooldown_s: float = Field(default=5.0, gt=0)
+    breaker_cooldown_s: float = Field(default=5.0, gt=0, le=_MAX_DURATION_S)
 
     @model_validator(mode="after")
     def _cap_above_base(self) -> RetrySettings:
@@ -212,8 +226,8 @@ class LogSettings(_Section):
 
 class CleanupSettings(_Section):
     enabled: bool = True
-    published_retention_s: float = Field(default=7 * 24 * 3600.0, ge=0)
-    interval_s: float = Field(default=60.0, gt=0)
+    published_retention_s: float = Field(default=7 * 24 * 3600.0, ge=0, le=_MAX_RETENTION_S)
+    interval_s: float = Field(default=60.0, gt=0, le=_MAX_DURATION_S)
     batch_size: int = Field(default=1000, ge=1, le=100_000)
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import Database
 
@@ -53,4 +56,44 @@ def test_migrate_with_a_wrong_database_name_exits_2_without_the_password(
     result = _relayd("migrate", env=cli_env | {"RELAYD_DATABASE__DSN": dsn})
     assert result.returncode == 2
     assert result.stderr.startswith("relayd: config error: database.dsn: ")
+    assert "hunter2" not in result.stdout + result.stderr
+
+
+def _with_password(dsn: str) -> str:
+    """The test DSN with a password that must never show (trust auth ignores it)."""
+    return re.sub(r"://([^:@/]+)(?::[^@/]*)?@", r"://\1:hunter2@", dsn, count=1)
+
+
+@pytest.mark.parametrize(
+    ("env", "dsn_suffix", "line"),
+    [
+        ({"RELAYD_RELAY__LEASE_S": "inf"}, "", "relay.lease_s: Input should be a finite number"),
+        (
+            {"RELAYD_DATABASE__STATEMENT_TIMEOUT_S": "1e7"},
+            "",
+            "database.statement_timeout_s: Input should be less than or equal to 2147483",
+        ),
+    ],
+)
+def test_run_refuses_a_bad_setting_in_one_line(
+    cli_env: dict[str, str],
+    empty_database: Database,
+    env: dict[str, str],
+    dsn_suffix: str,
+    line: str,
+) -> None:
+    """A setting that would fail at run time: exit 2, one stderr line naming the key."""
+    result = _relayd(
+        "run",
+        env=cli_env
+        | env
+        | {
+            "RELAYD_DATABASE__DSN": _with_password(empty_database.dsn) + dsn_suffix,
+            "RELAYD_SINK__URL": "http://127.0.0.1:9",
+            "RELAYD_HTTP__ENABLED": "false",
+            "RELAYD_LOG__FORMAT": "json",
+        },
+    )
+    assert result.returncode == 2
+    assert result.stderr == f"relayd: config error: {line}\n"
     assert "hunter2" not in result.stdout + result.stderr

@@ -10,6 +10,7 @@ import pytest
 from relayd.cli import main
 from relayd.config import OutboxTable, Settings, load_settings, redact_dsn
 from relayd.errors import ConfigError
+from relayd.store import _server_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config.example.toml"
@@ -82,6 +83,23 @@ def test_config_path_from_environment(tmp_path: Path, monkeypatch: pytest.Monkey
         ("[relay\n", {}, "config", "invalid TOML"),
         ('[database]\ndsn = "x"\ndsn_file = "/y"\n', {}, "database", "not both"),
         ('[sink]\ntoken_file = "/nonexistent/token"\n', {}, "sink.token_file", "cannot read"),
+        # No float setting may be infinite or NaN: each one ends up in a sleep, a deadline or
+        # make_interval(), where inf crashes the first claim instead of the start-up.
+        ("[relay]\nlease_s = inf\n", {}, "relay.lease_s", "finite number"),
+        ("", {"RELAYD_RELAY__LEASE_S": "inf"}, "relay.lease_s", "finite number"),
+        ("", {"RELAYD_SINK__TIMEOUT_S": "NaN"}, "sink.timeout_s", "finite number"),
+        ("[retry]\ncap_s = nan\n", {}, "retry.cap_s", "finite number"),
+        ("[cleanup]\npublished_retention_s = inf\n", {}, "cleanup.published_retention_s", "finite"),
+        # Every duration has a finite upper bound.
+        ("[relay]\nlease_s = 1e9\n", {}, "relay.lease_s", "less than or equal to 86400"),
+        ("[sink]\ntimeout_s = 1e300\n", {}, "sink.timeout_s", "less than or equal to"),
+        ("[retry]\ncap_s = 1e9\n", {}, "retry.cap_s", "less than or equal to 86400"),
+        ("[relay]\npoll_interval_s = 1e9\n", {}, "relay.poll_interval_s", "less than or equal"),
+        ("[cleanup]\npublished_retention_s = 1e12\n", {}, "cleanup.published_retention_s", "less"),
+        # statement_timeout is an int of milliseconds on the server, and 0 means "no limit".
+        ("[database]\nstatement_timeout_s = 1e7\n", {}, "database.statement_timeout_s", "2147483"),
+        ("[database]\nstatement_timeout_s = inf\n", {}, "database.statement_timeout_s", "finite"),
+        ("[database]\nstatement_timeout_s = 0.0004\n", {}, "database.statement_timeout_s", "0.001"),
     ],
 )
 def test_bad_config_names_the_key(
@@ -100,6 +118,31 @@ def test_bad_config_names_the_key(
     assert caught.value.key == key
     assert reason in caught.value.reason
     assert "\n" not in str(caught.value)
+
+
+def test_durations_accept_their_documented_bounds(tmp_path: Path) -> None:
+    """The largest allowed durations and the smallest statement timeout load."""
+    settings = load_settings(
+        _write(
+            tmp_path,
+            "[database]\nstatement_timeout_s = 0.001\n[relay]\nlease_s = 86400\n"
+            "[sink]\ntimeout_s = 43199\n[retry]\ncap_s = 86400\n"
+            "[cleanup]\npublished_retention_s = 315360000\n",
+        )
+    )
+    assert settings.database.statement_timeout_s == 0.001
+    assert settings.cleanup.published_retention_s == 315_360_000
+
+
+@pytest.mark.parametrize(
+    ("seconds", "milliseconds"),
+    [(30.0, "30000"), (4.03, "4030"), (0.0004, "1"), (1e-9, "1"), (2147483.0, "2147483000")],
+)
+def test_statement_timeout_is_whole_milliseconds_never_zero(
+    seconds: float, milliseconds: str
+) -> None:
+    """Seconds become whole milliseconds, never 0 (which PostgreSQL reads as no limit)."""
+    assert _server_settings(seconds)["statement_timeout"] == milliseconds
 
 
 def test_secrets_come_from_files_and_never_show(tmp_path: Path) -> None:
