@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 import tomllib
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlparse, urlsplit, urlunsplit
 
 from pydantic import (
     BaseModel,
@@ -116,6 +117,13 @@ class DatabaseSettings(_Section):
     )
 
     _dsn_from_file: SecretStr | None = PrivateAttr(default=None)
+
+    @field_validator("dsn")
+    @classmethod
+    def _valid_dsn(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            check_dsn(value.get_secret_value())
+        return value
 
     @model_validator(mode="after")
     def _one_dsn_source(self) -> DatabaseSettings:
@@ -348,6 +356,104 @@ def redact_dsn(dsn: str) -> str:
     )
 
 
+# DSN parameters asyncpg validates itself, with the values it accepts. A DSN asyncpg refuses
+# is refused at load instead: asyncpg's ClientConfigurationError is an InterfaceError, which
+# a running relay cannot tell from a database that is down, so it would retry forever.
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+_SSL_ENFORCED = ("require", "verify-ca", "verify-full")
+_DSN_CHOICES = {
+    "sslmode": _SSLMODES,
+    "target_session_attrs": (
+        "any",
+        "primary",
+        "standby",
+        "read-write",
+        "read-only",
+        "prefer-standby",
+    ),
+    "sslnegotiation": ("postgres", "direct"),
+    "gsslib": ("gssapi", "sspi"),
+}
+_TLS_VERSIONS = ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3")
+_IPV6_HOST = re.compile(r"\[[^\]]+\](?::(?P<port>.*))?")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def check_dsn(dsn: str) -> None:
+    """`ValueError` unless asyncpg can use `dsn` (a `postgresql://` URL).
+
+    Only what is certain without connecting is checked. The reason never quotes the DSN or
+    any part of it: a password may sit anywhere in it, even where it does not belong.
+    """
+    try:
+        parts = urlparse(dsn)
+    except ValueError:
+        # urllib's message may quote the host; ours names the rule.
+        raise ValueError("not a valid URL (an IPv6 host is written [address]:port)") from None
+    if parts.scheme not in ("postgresql", "postgres"):
+        hint = "" if "://" in dsn else " (key=value DSNs are not supported)"
+        raise ValueError(f"expected a postgresql:// or postgres:// URL{hint}")
+    # asyncpg splits the userinfo at the first @; a second one lands in the host.
+    _auth, _, hostspec = parts.netloc.partition("@")
+    if "@" in hostspec:
+        raise ValueError("'@' in the host: percent-encode it in the password as %40")
+    if hostspec:
+        _check_hosts(hostspec, unquoted=False)
+    if not parts.query:
+        return
+    try:
+        # The same parse as asyncpg's, last value wins.
+        query = {
+            key: values[-1] for key, values in parse_qs(parts.query, strict_parsing=True).items()
+        }
+    except ValueError:
+        raise ValueError("malformed query string (expected key=value pairs joined by &)") from None
+    if "host" in query:
+        _check_hosts(query["host"], unquoted=True)
+    if "port" in query:
+        for port in query["port"].split(","):
+            _check_port(port)
+    # asyncpg also accepts verify_full for verify-full.
+    sslmode = query.get("sslmode", "").replace("_", "-") or None
+    if sslmode is not None:
+        query["sslmode"] = sslmode
+    for key, choices in _DSN_CHOICES.items():
+        if key in query and query[key] not in choices:
+            raise ValueError(f"{key} must be one of {', '.join(choices)}")
+    for key in ("ssl_min_protocol_version", "ssl_max_protocol_version"):
+        if key in query and not _tls_version_ok(query[key]):
+            raise ValueError(f"{key} must be one of {', '.join(_TLS_VERSIONS)}")
+    if query.get("sslnegotiation") == "direct" and sslmode not in (None, *_SSL_ENFORCED):
+        raise ValueError(f"sslnegotiation=direct requires sslmode {', '.join(_SSL_ENFORCED)}")
+
+
+def _check_hosts(hostlist: str, *, unquoted: bool) -> None:
+    for host in hostlist.split(","):
+        if not host:
+            raise ValueError("empty host in the host list")
+        if host.startswith("/"):
+            continue  # a Unix socket directory
+        if host.startswith("["):
+            match = _IPV6_HOST.fullmatch(host)
+            if match is None:
+                raise ValueError("invalid IPv6 host: expected [address] or [address]:port")
+            port = match["port"] or ""
+        else:
+            port = host.partition(":")[2]
+        if port:
+            _check_port(port if unquoted else unquote(port))
+
+
+def _check_port(text: str) -> None:
+    if not _PORT.fullmatch(text) or not 1 <= int(text) <= 65535:
+        raise ValueError("port must be a number from 1 to 65535")
+
+
+def _tls_version_ok(value: str) -> bool:
+    # asyncpg looks the name up in ssl.TLSVersion (TLSv1.2 -> TLSv1_2) but refuses SSL*.
+    return not value.startswith("SSL") and value.replace(".", "_") in ssl.TLSVersion.__members__
+
+
 def resolve_config_path(
     explicit: str | Path | None, environ: Mapping[str, str] | None = None
 ) -> tuple[Path, bool]:
@@ -414,6 +520,10 @@ def resolve_secrets(settings: Settings) -> Settings:
     """Read the `*_file` secrets into the settings (load_settings does this)."""
     if settings.database.dsn_file is not None:
         dsn = _read_secret(settings.database.dsn_file, "database.dsn_file")
+        try:
+            check_dsn(dsn)
+        except ValueError as exc:
+            raise ConfigError("database.dsn_file", f"{settings.database.dsn_file}: {exc}") from None
         settings.database._dsn_from_file = SecretStr(dsn)
     if settings.sink.token_file is not None:
         token = _read_secret(settings.sink.token_file, "sink.token_file")

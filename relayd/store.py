@@ -125,9 +125,10 @@ class Store:
         statement_timeout_s: float = 30.0,
     ) -> Store:
         """Open a pool; `DatabaseUnavailable` if PostgreSQL cannot be reached, `ConfigError`
-        if it refuses us for good (bad credentials, no such database, a malformed DSN)."""
-        try:
-            with _translated():
+        if it refuses us for good (bad credentials, no such database, a malformed DSN, an
+        unknown server option)."""
+        with _translated():
+            try:
                 pool = await asyncpg.create_pool(
                     dsn,
                     min_size=1,
@@ -135,13 +136,23 @@ class Store:
                     timeout=connect_timeout_s,
                     server_settings=_server_settings(statement_timeout_s),
                 )
-        except FATAL_CONNECT as exc:
-            raise ConfigError(
-                "database.dsn", f"the server refused the connection: {type(exc).__name__}"
-            ) from None
-        except (ValueError, asyncpg.ClientConfigurationError) as exc:
-            # The message may quote the DSN, which may hold a password: name the type only.
-            raise ConfigError("database.dsn", f"invalid DSN ({type(exc).__name__})") from None
+            except (ValueError, asyncpg.ClientConfigurationError) as exc:
+                # Caught before _translated() sees it: ClientConfigurationError is an
+                # InterfaceError, which would pass for an outage and be retried forever.
+                # The message may quote the DSN, which may hold a password: name the type only.
+                raise ConfigError("database.dsn", f"invalid DSN ({type(exc).__name__})") from None
+            except asyncpg.PostgresError as exc:
+                # Unreachable, shutting down, too many connections: _translated() makes it
+                # DatabaseUnavailable. Anything else the server says while we connect
+                # (FATAL_CONNECT, an unknown option in the DSN: 42704) it will say again.
+                if isinstance(exc, _TRANSIENT) and not isinstance(exc, FATAL_CONNECT):
+                    raise
+                # The server's message names a user, a database or a setting, never the
+                # password; the DSN itself is not quoted.
+                raise ConfigError(
+                    "database.dsn",
+                    f"the server refused the connection: {exc.message} ({exc.sqlstate})",
+                ) from None
         return cls(pool, table, dsn)
 
     async def close(self) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import Database
+from tests.conftest import Database, secret_dsn
 
 
 def _relayd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -59,13 +58,8 @@ def test_migrate_with_a_wrong_database_name_exits_2_without_the_password(
     assert "hunter2" not in result.stdout + result.stderr
 
 
-def _with_password(dsn: str) -> str:
-    """The test DSN with a password that must never show (trust auth ignores it)."""
-    return re.sub(r"://([^:@/]+)(?::[^@/]*)?@", r"://\1:hunter2@", dsn, count=1)
-
-
 @pytest.mark.parametrize(
-    ("env", "dsn_suffix", "line"),
+    ("env", "query", "line"),
     [
         ({"RELAYD_RELAY__LEASE_S": "inf"}, "", "relay.lease_s: Input should be a finite number"),
         (
@@ -73,13 +67,25 @@ def _with_password(dsn: str) -> str:
             "",
             "database.statement_timeout_s: Input should be less than or equal to 2147483",
         ),
+        (
+            {},
+            "sslmode=bogus",
+            "database.dsn: sslmode must be one of disable, allow, prefer, require, verify-ca, "
+            "verify-full",
+        ),
+        (
+            {},
+            "bogus_option=1",
+            "database.dsn: the server refused the connection: unrecognized configuration "
+            'parameter "bogus_option" (42704)',
+        ),
     ],
 )
 def test_run_refuses_a_bad_setting_in_one_line(
     cli_env: dict[str, str],
     empty_database: Database,
     env: dict[str, str],
-    dsn_suffix: str,
+    query: str,
     line: str,
 ) -> None:
     """A setting that would fail at run time: exit 2, one stderr line naming the key."""
@@ -88,7 +94,7 @@ def test_run_refuses_a_bad_setting_in_one_line(
         env=cli_env
         | env
         | {
-            "RELAYD_DATABASE__DSN": _with_password(empty_database.dsn) + dsn_suffix,
+            "RELAYD_DATABASE__DSN": secret_dsn(empty_database.dsn, query),
             "RELAYD_SINK__URL": "http://127.0.0.1:9",
             "RELAYD_HTTP__ENABLED": "false",
             "RELAYD_LOG__FORMAT": "json",

@@ -81,7 +81,7 @@ def test_config_path_from_environment(tmp_path: Path, monkeypatch: pytest.Monkey
         ('[sink]\nurl = "http://u:p@x"\n', {}, "sink.url", "sink.token_file"),
         ('[http]\nlisten = "9464"\n', {}, "http.listen", "HOST:PORT"),
         ("[relay\n", {}, "config", "invalid TOML"),
-        ('[database]\ndsn = "x"\ndsn_file = "/y"\n', {}, "database", "not both"),
+        ('[database]\ndsn = "postgres://db/x"\ndsn_file = "/y"\n', {}, "database", "not both"),
         ('[sink]\ntoken_file = "/nonexistent/token"\n', {}, "sink.token_file", "cannot read"),
         # No float setting may be infinite or NaN: each one ends up in a sleep, a deadline or
         # make_interval(), where inf crashes the first claim instead of the start-up.
@@ -132,6 +132,67 @@ def test_durations_accept_their_documented_bounds(tmp_path: Path) -> None:
     )
     assert settings.database.statement_timeout_s == 0.001
     assert settings.cleanup.published_retention_s == 315_360_000
+
+
+BAD_DSNS = [
+    ("mysql://relayd:hunter2@db/app", "postgresql:// or postgres://"),
+    ("host=db user=relayd password=hunter2", "postgresql:// or postgres://"),
+    ("postgresql://relayd:hunter2@db/app?sslmode=bogus", "sslmode must be one of disable,"),
+    ("postgresql://relayd:hunter2@db/app?sslmode=REQUIRE", "verify-full"),
+    ("postgresql://relayd:hunter2@db/app?target_session_attrs=master", "read-write"),
+    ("postgresql://relayd:hunter2@db/app?sslnegotiation=hunter2", "sslnegotiation"),
+    ("postgresql://relayd:hunter2@db/app?gsslib=hunter2", "gsslib"),
+    ("postgresql://relayd:hunter2@db/app?ssl_min_protocol_version=SSLv3", "TLSv1.2"),
+    ("postgresql://relayd:hunter2@db:hunter2/app", "port must be a number from 1 to 65535"),
+    ("postgresql://relayd:hunter2@db:70000/app", "port must be a number from 1 to 65535"),
+    ("postgresql://relayd:hunter2@db:0/app", "port must be a number from 1 to 65535"),
+    ("postgresql://relayd:hunter2@a:5432,b:99999/app", "port must be a number from 1 to 65535"),
+    ("postgresql://relayd:hunter2@[::1]:x/app", "port must be a number from 1 to 65535"),
+    ("postgresql://relayd:hunter2@[::1/app", "IPv6"),
+    ("postgresql://relayd:hunter2@a,,b/app", "empty host"),
+    ("postgresql:///app?port=hunter2", "port must be a number from 1 to 65535"),
+    ("postgresql://relayd:hunter2@db/app?hunter2", "malformed query string"),
+    ("postgresql://relayd:hunter2@x@db/app", "percent-encode it in the password as %40"),
+    ("postgresql://db/app?sslnegotiation=direct&sslmode=prefer", "requires sslmode require"),
+]
+
+
+@pytest.mark.parametrize("source", ["dsn", "dsn_file"])
+@pytest.mark.parametrize(("dsn", "reason"), BAD_DSNS)
+def test_bad_dsn_names_the_key_but_never_quotes_the_dsn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, dsn: str, reason: str
+) -> None:
+    """A DSN asyncpg would refuse (or retry forever on) fails at load, without its text."""
+    if source == "dsn":
+        monkeypatch.setenv("RELAYD_DATABASE__DSN", dsn)
+    else:
+        (tmp_path / "dsn").write_text(dsn + "\n")
+        monkeypatch.setenv("RELAYD_DATABASE__DSN_FILE", str(tmp_path / "dsn"))
+    with pytest.raises(ConfigError) as caught:
+        load_settings(_write(tmp_path, ""))
+    assert caught.value.key == f"database.{source}"
+    assert reason in caught.value.reason
+    assert "hunter2" not in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://relayd:p%40ss@db:5432/app",
+        "postgres://db/app?sslmode=verify-full&target_session_attrs=read-write",
+        "postgresql://a:5432,b:5433/app?sslmode=disable&application_name=x",
+        "postgresql://[::1]:5432/app?sslnegotiation=direct&sslmode=require",
+        "postgresql:///app?host=/var/run/postgresql&port=5433",
+        "postgresql://%2Fvar%2Frun%2Fpostgresql/app",
+        "postgresql://db/app?ssl_min_protocol_version=TLSv1.3&gsslib=gssapi",
+        "postgresql://db/app?sslmode=verify_full",
+    ],
+)
+def test_good_dsns_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, dsn: str) -> None:
+    """DSNs asyncpg accepts (multi-host, IPv6, sockets, server options) pass validation."""
+    monkeypatch.setenv("RELAYD_DATABASE__DSN", dsn)
+    assert load_settings(_write(tmp_path, "")).dsn == dsn
 
 
 @pytest.mark.parametrize(
