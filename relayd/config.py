@@ -472,6 +472,7 @@ def load_settings(path: str | Path | None = None) -> Settings:
 
     The environment is read from `os.environ` (pydantic-settings' env source).
     """
+    _check_environment(os.environ)
     config_path, required = resolve_config_path(path)
     data = _read_toml(config_path, required=required)
     token = _toml_data.set(data)
@@ -480,6 +481,28 @@ def load_settings(path: str | Path | None = None) -> Settings:
     finally:
         _toml_data.reset(token)
     return resolve_secrets(settings)
+
+
+def _check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse `RELAYD_<SECTION>__<KEY>` variables naming no section.
+
+    pydantic-settings ignores them, while it refuses unknown keys of a known section: a typo
+    in the section would otherwise silently leave the setting at its default. Variables
+    without `__` (RELAYD_CONFIG, the test harness's RELAYD_TEST_DSN) are not settings.
+    """
+    prefix = Settings.model_config.get("env_prefix", "").lower()
+    delimiter = Settings.model_config.get("env_nested_delimiter") or "__"
+    for name in environ:
+        # Matched case-insensitively, as pydantic-settings reads them (case_sensitive=False).
+        lowered = name.lower()
+        if not lowered.startswith(prefix) or delimiter not in lowered:
+            continue
+        section = lowered.removeprefix(prefix).partition(delimiter)[0]
+        if section not in Settings.model_fields:
+            raise ConfigError(
+                name,
+                f"unknown setting section {section!r} (known: {', '.join(Settings.model_fields)})",
+            )
 
 
 def _read_toml(path: Path, *, required: bool) -> dict[str, Any]:

@@ -79,6 +79,12 @@ def test_migrate_with_a_wrong_database_name_exits_2_without_the_password(
             "database.dsn: the server refused the connection: unrecognized configuration "
             'parameter "bogus_option" (42704)',
         ),
+        (
+            {"RELAYD_BOGUS__X": "1"},
+            "",
+            "RELAYD_BOGUS__X: unknown setting section 'bogus' (known: database, outbox, sink, "
+            "relay, retry, http, log, cleanup)",
+        ),
     ],
 )
 def test_run_refuses_a_bad_setting_in_one_line(

@@ -100,6 +100,10 @@ def test_config_path_from_environment(tmp_path: Path, monkeypatch: pytest.Monkey
         ("[database]\nstatement_timeout_s = 1e7\n", {}, "database.statement_timeout_s", "2147483"),
         ("[database]\nstatement_timeout_s = inf\n", {}, "database.statement_timeout_s", "finite"),
         ("[database]\nstatement_timeout_s = 0.0004\n", {}, "database.statement_timeout_s", "0.001"),
+        # Variables for an unknown section are refused like unknown keys of a known one.
+        ("", {"RELAYD_BOGUS__X": "1"}, "RELAYD_BOGUS__X", "unknown setting section 'bogus'"),
+        ("", {"relayd_Bogus__x": "1"}, "relayd_Bogus__x", "known: database, outbox, sink"),
+        ("", {"RELAYD___X": "1"}, "RELAYD___X", "unknown setting section ''"),
     ],
 )
 def test_bad_config_names_the_key(
@@ -132,6 +136,16 @@ def test_durations_accept_their_documented_bounds(tmp_path: Path) -> None:
     )
     assert settings.database.statement_timeout_s == 0.001
     assert settings.cleanup.published_retention_s == 315_360_000
+
+
+def test_environment_without_a_section_separator_is_not_a_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RELAYD_CONFIG-style variables (no `__`) share the prefix and are left alone."""
+    for name in ("RELAYD_TEST_DSN", "RELAYD_OJS_CONFORMANCE", "RELAYD_CI_SERVER_DSN"):
+        monkeypatch.setenv(name, "postgresql://x:hunter2@h/db")
+    monkeypatch.setenv("RELAYD_CONFIG", str(_write(tmp_path, "")))
+    assert load_settings() == Settings()
 
 
 BAD_DSNS = [
