@@ -131,6 +131,18 @@ class DatabaseSettings(_Section):
             raise ValueError("set either dsn or dsn_file, not both")
         return self
 
+    @model_validator(mode="after")
+    def _read_dsn_file(self) -> DatabaseSettings:
+        # Read while validating, so that any DatabaseSettings, however built, is complete.
+        if self.dsn_file is not None:
+            dsn = _read_secret(self.dsn_file, "database.dsn_file")
+            try:
+                check_dsn(dsn)
+            except ValueError as exc:
+                raise _KeyedError("database.dsn_file", f"{self.dsn_file}: {exc}") from None
+            self._dsn_from_file = SecretStr(dsn)
+        return self
+
     @property
     def resolved_dsn(self) -> SecretStr | None:
         """The DSN, from `dsn` or read from `dsn_file`."""
@@ -186,6 +198,15 @@ class SinkSettings(_Section):
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return "on" if value.lower() == "true" else "off"
         return value
+
+    @model_validator(mode="after")
+    def _read_files(self) -> SinkSettings:
+        # Read while validating, so that any SinkSettings, however built, is complete.
+        if self.token_file is not None:
+            self._token = SecretStr(_read_secret(self.token_file, "sink.token_file"))
+        if self.ca_file is not None and not self.ca_file.is_file():
+            raise _KeyedError("sink.ca_file", f"not a readable file: {self.ca_file}")
+        return self
 
     @property
     def token(self) -> SecretStr | None:
@@ -297,7 +318,7 @@ class Settings(BaseSettings):
         # A lease must outlive the attempt it covers with room to settle, or a slow but
         # successful attempt would routinely race a second owner (C4).
         if self.relay.lease_s <= 2 * self.sink.timeout_s:
-            raise _CrossFieldError(
+            raise _KeyedError(
                 "relay.lease_s",
                 f"must be greater than 2 x sink.timeout_s ({2 * self.sink.timeout_s:g})",
             )
@@ -326,8 +347,9 @@ class Settings(BaseSettings):
         return data
 
 
-class _CrossFieldError(ValueError):
-    """A rule spanning sections; carries the key to name in the one-line error."""
+class _KeyedError(ValueError):
+    """A validation error whose key is not where pydantic reports it (a rule spanning
+    sections, a secret file read by a section's validator); carries the key to name."""
 
     def __init__(self, key: str, reason: str) -> None:
         super().__init__(reason)
@@ -468,7 +490,7 @@ def resolve_config_path(
 
 
 def load_settings(path: str | Path | None = None) -> Settings:
-    """Load, validate and resolve secrets; raise `ConfigError` naming the offending key.
+    """Load, validate and read the secret files; raise `ConfigError` naming the offending key.
 
     The environment is read from `os.environ` (pydantic-settings' env source).
     """
@@ -477,10 +499,9 @@ def load_settings(path: str | Path | None = None) -> Settings:
     data = _read_toml(config_path, required=required)
     token = _toml_data.set(data)
     try:
-        settings = _validate()
+        return _validate()
     finally:
         _toml_data.reset(token)
-    return resolve_secrets(settings)
 
 
 def _check_environment(environ: Mapping[str, str]) -> None:
@@ -530,7 +551,7 @@ def _config_error(exc: ValidationError) -> ConfigError:
     error = exc.errors()[0]
     context = error.get("ctx") or {}
     cause = context.get("error")
-    if isinstance(cause, _CrossFieldError):
+    if isinstance(cause, _KeyedError):
         return ConfigError(cause.key, str(cause))
     key = ".".join(str(part) for part in error["loc"]) or "config"
     if error["type"] == "extra_forbidden":
@@ -539,30 +560,14 @@ def _config_error(exc: ValidationError) -> ConfigError:
     return ConfigError(key, message.removeprefix("Value error, "))
 
 
-def resolve_secrets(settings: Settings) -> Settings:
-    """Read the `*_file` secrets into the settings (load_settings does this)."""
-    if settings.database.dsn_file is not None:
-        dsn = _read_secret(settings.database.dsn_file, "database.dsn_file")
-        try:
-            check_dsn(dsn)
-        except ValueError as exc:
-            raise ConfigError("database.dsn_file", f"{settings.database.dsn_file}: {exc}") from None
-        settings.database._dsn_from_file = SecretStr(dsn)
-    if settings.sink.token_file is not None:
-        token = _read_secret(settings.sink.token_file, "sink.token_file")
-        settings.sink._token = SecretStr(token)
-    if settings.sink.ca_file is not None and not settings.sink.ca_file.is_file():
-        raise ConfigError("sink.ca_file", f"not a readable file: {settings.sink.ca_file}")
-    return settings
-
-
 def _read_secret(path: Path, key: str) -> str:
+    """The stripped text of a secret file; `_KeyedError` naming `key` if it is unusable."""
     try:
         value = path.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise ConfigError(key, f"cannot read {path}: {exc.strerror}") from None
+        raise _KeyedError(key, f"cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise ConfigError(key, f"{path} is not UTF-8 text") from None
+        raise _KeyedError(key, f"{path} is not UTF-8 text") from None
     if not value:
-        raise ConfigError(key, f"{path} is empty")
+        raise _KeyedError(key, f"{path} is empty")
     return value

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from relayd.cli import main
-from relayd.config import OutboxTable, Settings, load_settings, redact_dsn
+from relayd.config import DatabaseSettings, OutboxTable, Settings, load_settings, redact_dsn
 from relayd.errors import ConfigError
 from relayd.store import _server_settings
 
@@ -240,6 +240,46 @@ def test_secrets_come_from_files_and_never_show(tmp_path: Path) -> None:
     assert "hunter2" not in shown
     assert "tok-3xyz" not in shown
     assert settings.redacted()["database"]["dsn"] == "postgresql://relayd:***@db/app"
+
+
+def test_settings_built_directly_read_their_secret_files(tmp_path: Path) -> None:
+    """Settings(...) built directly (sections as models or dicts) has read its *_file secrets."""
+    (tmp_path / "dsn").write_text("postgresql://relayd:hunter2@db/app\n")
+    (tmp_path / "token").write_text("tok-3xyz\n")
+    settings = Settings(
+        database=DatabaseSettings(dsn_file=tmp_path / "dsn"),
+        sink={"url": "http://x:1", "token_file": tmp_path / "token"},
+    )
+    assert settings.dsn == "postgresql://relayd:hunter2@db/app"
+    assert settings.database.resolved_dsn is not None
+    assert settings.sink.token is not None
+    assert settings.sink.token.get_secret_value() == "tok-3xyz"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '[sink]\ntoken_file = "/nonexistent/token"\n',
+            "sink.token_file: cannot read /nonexistent/token: No such file or directory",
+        ),
+        (
+            '[database]\ndsn_file = "/nonexistent/dsn"\n',
+            "database.dsn_file: cannot read /nonexistent/dsn: No such file or directory",
+        ),
+        ('[database]\ndsn_file = "/dev/null"\n', "database.dsn_file: /dev/null is empty"),
+        (
+            '[sink]\nca_file = "/nonexistent/ca"\n',
+            "sink.ca_file: not a readable file: /nonexistent/ca",
+        ),
+        ('[database]\ndsn = "postgres://db/x"\ndsn_file = "/dev/null"\n', "database: set either"),
+    ],
+)
+def test_secret_file_errors_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    """A secret file that cannot be used is one ConfigError naming its key and path."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings(_write(tmp_path, text))
+    assert str(caught.value).startswith(message)
 
 
 @pytest.mark.parametrize(
