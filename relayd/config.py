@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 import tomllib
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlparse, urlsplit, urlunsplit
 
 from pydantic import (
     BaseModel,
@@ -45,9 +46,21 @@ _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _MAX_CHANNEL_BYTES = 63
 _REDACTED = "***"
 
+# Upper bounds of durations. Every one ends up in an asyncio deadline, an int conversion or
+# PostgreSQL's make_interval(), which overflow or fail at run time on huge values; a day is
+# far beyond any sane lease, timeout or backoff, and keeps every derived deadline finite.
+_MAX_DURATION_S = 24 * 3600.0
+# Retention is counted in years, not hours: ten of them is still far from interval limits.
+_MAX_RETENTION_S = 10 * 365 * 24 * 3600.0
+# PostgreSQL's statement_timeout is an int4 of milliseconds, and 0 means "no limit": the
+# setting must fit in 2^31 - 1 ms and be at least 1 ms.
+_MAX_STATEMENT_TIMEOUT_S = 2_147_483.0
+_MIN_STATEMENT_TIMEOUT_S = 0.001
+
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan parse as floats (TOML `inf`, env "inf") but are never a usable setting.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class OutboxTable(BaseModel):
@@ -98,15 +111,36 @@ class DatabaseSettings(_Section):
     dsn: SecretStr | None = None
     dsn_file: Path | None = None
     pool_max_size: int | None = Field(default=None, ge=2, le=1000)
-    connect_timeout_s: float = Field(default=10.0, gt=0)
-    statement_timeout_s: float = Field(default=30.0, gt=0)
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=_MAX_DURATION_S)
+    statement_timeout_s: float = Field(
+        default=30.0, ge=_MIN_STATEMENT_TIMEOUT_S, le=_MAX_STATEMENT_TIMEOUT_S
+    )
 
     _dsn_from_file: SecretStr | None = PrivateAttr(default=None)
+
+    @field_validator("dsn")
+    @classmethod
+    def _valid_dsn(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            check_dsn(value.get_secret_value())
+        return value
 
     @model_validator(mode="after")
     def _one_dsn_source(self) -> DatabaseSettings:
         if self.dsn is not None and self.dsn_file is not None:
             raise ValueError("set either dsn or dsn_file, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _read_dsn_file(self) -> DatabaseSettings:
+        # Read while validating, so that any DatabaseSettings, however built, is complete.
+        if self.dsn_file is not None:
+            dsn = _read_secret(self.dsn_file, "database.dsn_file")
+            try:
+                check_dsn(dsn)
+            except ValueError as exc:
+                raise _KeyedError("database.dsn_file", f"{self.dsn_file}: {exc}") from None
+            self._dsn_from_file = SecretStr(dsn)
         return self
 
     @property
@@ -133,8 +167,8 @@ class SinkSettings(_Section):
     url: str | None = None
     token_file: Path | None = None
     ca_file: Path | None = None
-    timeout_s: float = Field(default=10.0, gt=0)
-    connect_timeout_s: float = Field(default=3.0, gt=0)
+    timeout_s: float = Field(default=10.0, gt=0, le=_MAX_DURATION_S)
+    connect_timeout_s: float = Field(default=3.0, gt=0, le=_MAX_DURATION_S)
     concurrency: int = Field(default=32, ge=1, le=1024)
     batch: Literal["auto", "on", "off"] = "auto"
     batch_max_jobs: int = Field(default=100, ge=1, le=1000)
@@ -165,6 +199,15 @@ class SinkSettings(_Section):
             return "on" if value.lower() == "true" else "off"
         return value
 
+    @model_validator(mode="after")
+    def _read_files(self) -> SinkSettings:
+        # Read while validating, so that any SinkSettings, however built, is complete.
+        if self.token_file is not None:
+            self._token = SecretStr(_read_secret(self.token_file, "sink.token_file"))
+        if self.ca_file is not None and not self.ca_file.is_file():
+            raise _KeyedError("sink.ca_file", f"not a readable file: {self.ca_file}")
+        return self
+
     @property
     def token(self) -> SecretStr | None:
         """The bearer token read from `token_file`, if one is configured."""
@@ -174,18 +217,18 @@ class SinkSettings(_Section):
 class RelaySettings(_Section):
     workers: int = Field(default=4, ge=1, le=256)
     batch_size: int = Field(default=100, ge=1, le=10_000)
-    lease_s: float = Field(default=30.0, gt=0)
-    poll_interval_s: float = Field(default=2.0, gt=0)
+    lease_s: float = Field(default=30.0, gt=0, le=_MAX_DURATION_S)
+    poll_interval_s: float = Field(default=2.0, gt=0, le=_MAX_DURATION_S)
     listen: bool = True
-    shutdown_grace_s: float = Field(default=10.0, ge=0)
+    shutdown_grace_s: float = Field(default=10.0, ge=0, le=_MAX_DURATION_S)
 
 
 class RetrySettings(_Section):
-    base_s: float = Field(default=1.0, gt=0)
-    cap_s: float = Field(default=60.0, gt=0)
+    base_s: float = Field(default=1.0, gt=0, le=_MAX_DURATION_S)
+    cap_s: float = Field(default=60.0, gt=0, le=_MAX_DURATION_S)
     max_attempts: int = Field(default=10, ge=1)
     breaker_threshold: int = Field(default=5, ge=1)
-    breaker_cooldown_s: float = Field(default=5.0, gt=0)
+    breaker_cooldown_s: float = Field(default=5.0, gt=0, le=_MAX_DURATION_S)
 
     @model_validator(mode="after")
     def _cap_above_base(self) -> RetrySettings:
@@ -212,8 +255,8 @@ class LogSettings(_Section):
 
 class CleanupSettings(_Section):
     enabled: bool = True
-    published_retention_s: float = Field(default=7 * 24 * 3600.0, ge=0)
-    interval_s: float = Field(default=60.0, gt=0)
+    published_retention_s: float = Field(default=7 * 24 * 3600.0, ge=0, le=_MAX_RETENTION_S)
+    interval_s: float = Field(default=60.0, gt=0, le=_MAX_DURATION_S)
     batch_size: int = Field(default=1000, ge=1, le=100_000)
 
 
@@ -275,7 +318,7 @@ class Settings(BaseSettings):
         # A lease must outlive the attempt it covers with room to settle, or a slow but
         # successful attempt would routinely race a second owner (C4).
         if self.relay.lease_s <= 2 * self.sink.timeout_s:
-            raise _CrossFieldError(
+            raise _KeyedError(
                 "relay.lease_s",
                 f"must be greater than 2 x sink.timeout_s ({2 * self.sink.timeout_s:g})",
             )
@@ -304,8 +347,9 @@ class Settings(BaseSettings):
         return data
 
 
-class _CrossFieldError(ValueError):
-    """A rule spanning sections; carries the key to name in the one-line error."""
+class _KeyedError(ValueError):
+    """A validation error whose key is not where pydantic reports it (a rule spanning
+    sections, a secret file read by a section's validator); carries the key to name."""
 
     def __init__(self, key: str, reason: str) -> None:
         super().__init__(reason)
@@ -334,6 +378,104 @@ def redact_dsn(dsn: str) -> str:
     )
 
 
+# DSN parameters asyncpg validates itself, with the values it accepts. A DSN asyncpg refuses
+# is refused at load instead: asyncpg's ClientConfigurationError is an InterfaceError, which
+# a running relay cannot tell from a database that is down, so it would retry forever.
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+_SSL_ENFORCED = ("require", "verify-ca", "verify-full")
+_DSN_CHOICES = {
+    "sslmode": _SSLMODES,
+    "target_session_attrs": (
+        "any",
+        "primary",
+        "standby",
+        "read-write",
+        "read-only",
+        "prefer-standby",
+    ),
+    "sslnegotiation": ("postgres", "direct"),
+    "gsslib": ("gssapi", "sspi"),
+}
+_TLS_VERSIONS = ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3")
+_IPV6_HOST = re.compile(r"\[[^\]]+\](?::(?P<port>.*))?")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def check_dsn(dsn: str) -> None:
+    """`ValueError` unless asyncpg can use `dsn` (a `postgresql://` URL).
+
+    Only what is certain without connecting is checked. The reason never quotes the DSN or
+    any part of it: a password may sit anywhere in it, even where it does not belong.
+    """
+    try:
+        parts = urlparse(dsn)
+    except ValueError:
+        # urllib's message may quote the host; ours names the rule.
+        raise ValueError("not a valid URL (an IPv6 host is written [address]:port)") from None
+    if parts.scheme not in ("postgresql", "postgres"):
+        hint = "" if "://" in dsn else " (key=value DSNs are not supported)"
+        raise ValueError(f"expected a postgresql:// or postgres:// URL{hint}")
+    # asyncpg splits the userinfo at the first @; a second one lands in the host.
+    _auth, _, hostspec = parts.netloc.partition("@")
+    if "@" in hostspec:
+        raise ValueError("'@' in the host: percent-encode it in the password as %40")
+    if hostspec:
+        _check_hosts(hostspec, unquoted=False)
+    if not parts.query:
+        return
+    try:
+        # The same parse as asyncpg's, last value wins.
+        query = {
+            key: values[-1] for key, values in parse_qs(parts.query, strict_parsing=True).items()
+        }
+    except ValueError:
+        raise ValueError("malformed query string (expected key=value pairs joined by &)") from None
+    if "host" in query:
+        _check_hosts(query["host"], unquoted=True)
+    if "port" in query:
+        for port in query["port"].split(","):
+            _check_port(port)
+    # asyncpg also accepts verify_full for verify-full.
+    sslmode = query.get("sslmode", "").replace("_", "-") or None
+    if sslmode is not None:
+        query["sslmode"] = sslmode
+    for key, choices in _DSN_CHOICES.items():
+        if key in query and query[key] not in choices:
+            raise ValueError(f"{key} must be one of {', '.join(choices)}")
+    for key in ("ssl_min_protocol_version", "ssl_max_protocol_version"):
+        if key in query and not _tls_version_ok(query[key]):
+            raise ValueError(f"{key} must be one of {', '.join(_TLS_VERSIONS)}")
+    if query.get("sslnegotiation") == "direct" and sslmode not in (None, *_SSL_ENFORCED):
+        raise ValueError(f"sslnegotiation=direct requires sslmode {', '.join(_SSL_ENFORCED)}")
+
+
+def _check_hosts(hostlist: str, *, unquoted: bool) -> None:
+    for host in hostlist.split(","):
+        if not host:
+            raise ValueError("empty host in the host list")
+        if host.startswith("/"):
+            continue  # a Unix socket directory
+        if host.startswith("["):
+            match = _IPV6_HOST.fullmatch(host)
+            if match is None:
+                raise ValueError("invalid IPv6 host: expected [address] or [address]:port")
+            port = match["port"] or ""
+        else:
+            port = host.partition(":")[2]
+        if port:
+            _check_port(port if unquoted else unquote(port))
+
+
+def _check_port(text: str) -> None:
+    if not _PORT.fullmatch(text) or not 1 <= int(text) <= 65535:
+        raise ValueError("port must be a number from 1 to 65535")
+
+
+def _tls_version_ok(value: str) -> bool:
+    # asyncpg looks the name up in ssl.TLSVersion (TLSv1.2 -> TLSv1_2) but refuses SSL*.
+    return not value.startswith("SSL") and value.replace(".", "_") in ssl.TLSVersion.__members__
+
+
 def resolve_config_path(
     explicit: str | Path | None, environ: Mapping[str, str] | None = None
 ) -> tuple[Path, bool]:
@@ -348,18 +490,40 @@ def resolve_config_path(
 
 
 def load_settings(path: str | Path | None = None) -> Settings:
-    """Load, validate and resolve secrets; raise `ConfigError` naming the offending key.
+    """Load, validate and read the secret files; raise `ConfigError` naming the offending key.
 
     The environment is read from `os.environ` (pydantic-settings' env source).
     """
+    _check_environment(os.environ)
     config_path, required = resolve_config_path(path)
     data = _read_toml(config_path, required=required)
     token = _toml_data.set(data)
     try:
-        settings = _validate()
+        return _validate()
     finally:
         _toml_data.reset(token)
-    return resolve_secrets(settings)
+
+
+def _check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse `RELAYD_<SECTION>__<KEY>` variables naming no section.
+
+    pydantic-settings ignores them, while it refuses unknown keys of a known section: a typo
+    in the section would otherwise silently leave the setting at its default. Variables
+    without `__` (RELAYD_CONFIG, the test harness's RELAYD_TEST_DSN) are not settings.
+    """
+    prefix = Settings.model_config.get("env_prefix", "").lower()
+    delimiter = Settings.model_config.get("env_nested_delimiter") or "__"
+    for name in environ:
+        # Matched case-insensitively, as pydantic-settings reads them (case_sensitive=False).
+        lowered = name.lower()
+        if not lowered.startswith(prefix) or delimiter not in lowered:
+            continue
+        section = lowered.removeprefix(prefix).partition(delimiter)[0]
+        if section not in Settings.model_fields:
+            raise ConfigError(
+                name,
+                f"unknown setting section {section!r} (known: {', '.join(Settings.model_fields)})",
+            )
 
 
 def _read_toml(path: Path, *, required: bool) -> dict[str, Any]:
@@ -387,7 +551,7 @@ def _config_error(exc: ValidationError) -> ConfigError:
     error = exc.errors()[0]
     context = error.get("ctx") or {}
     cause = context.get("error")
-    if isinstance(cause, _CrossFieldError):
+    if isinstance(cause, _KeyedError):
         return ConfigError(cause.key, str(cause))
     key = ".".join(str(part) for part in error["loc"]) or "config"
     if error["type"] == "extra_forbidden":
@@ -396,26 +560,14 @@ def _config_error(exc: ValidationError) -> ConfigError:
     return ConfigError(key, message.removeprefix("Value error, "))
 
 
-def resolve_secrets(settings: Settings) -> Settings:
-    """Read the `*_file` secrets into the settings (load_settings does this)."""
-    if settings.database.dsn_file is not None:
-        dsn = _read_secret(settings.database.dsn_file, "database.dsn_file")
-        settings.database._dsn_from_file = SecretStr(dsn)
-    if settings.sink.token_file is not None:
-        token = _read_secret(settings.sink.token_file, "sink.token_file")
-        settings.sink._token = SecretStr(token)
-    if settings.sink.ca_file is not None and not settings.sink.ca_file.is_file():
-        raise ConfigError("sink.ca_file", f"not a readable file: {settings.sink.ca_file}")
-    return settings
-
-
 def _read_secret(path: Path, key: str) -> str:
+    """The stripped text of a secret file; `_KeyedError` naming `key` if it is unusable."""
     try:
         value = path.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise ConfigError(key, f"cannot read {path}: {exc.strerror}") from None
+        raise _KeyedError(key, f"cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise ConfigError(key, f"{path} is not UTF-8 text") from None
+        raise _KeyedError(key, f"{path} is not UTF-8 text") from None
     if not value:
-        raise ConfigError(key, f"{path} is empty")
+        raise _KeyedError(key, f"{path} is empty")
     return value

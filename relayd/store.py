@@ -362,7 +362,10 @@ class Listener:
 
 
 def _server_settings(statement_timeout_s: float) -> dict[str, str]:
+    # Whole milliseconds, never 0: truncating a sub-millisecond timeout would send 0, which
+    # PostgreSQL reads as "no limit" (config refuses one too; this is defence in depth).
+    # Nearest rather than ceil, so float noise (4.03 s -> 4030.0000000000005 ms) adds nothing.
     return {
         "application_name": "relayd",
-        "statement_timeout": str(int(statement_timeout_s * 1000)),
+        "statement_timeout": str(max(1, round(statement_timeout_s * 1000))),
     }

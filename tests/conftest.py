@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -33,6 +34,15 @@ def dsn_for(server_dsn: str, database: str) -> str:
     """The same server, another database."""
     parts = urlsplit(server_dsn)
     return urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, parts.fragment))
+
+
+def secret_dsn(dsn: str, query: str = "") -> str:
+    """`dsn` with the password `hunter2`, which must never show (trust auth ignores it), and
+    `query` appended (the embedded server's DSN already has one: ?host=<socket directory>)."""
+    dsn = re.sub(r"://([^:@/]+)(?::[^@/]*)?@", r"://\1:hunter2@", dsn, count=1)
+    if not query:
+        return dsn
+    return f"{dsn}{'&' if '?' in dsn else '?'}{query}"
 
 
 @dataclass(frozen=True)

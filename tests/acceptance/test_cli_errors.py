@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import Database
+import pytest
+
+from tests.conftest import Database, secret_dsn
 
 
 def _relayd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -53,4 +55,57 @@ def test_migrate_with_a_wrong_database_name_exits_2_without_the_password(
     result = _relayd("migrate", env=cli_env | {"RELAYD_DATABASE__DSN": dsn})
     assert result.returncode == 2
     assert result.stderr.startswith("relayd: config error: database.dsn: ")
+    assert "hunter2" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "query", "line"),
+    [
+        ({"RELAYD_RELAY__LEASE_S": "inf"}, "", "relay.lease_s: Input should be a finite number"),
+        (
+            {"RELAYD_DATABASE__STATEMENT_TIMEOUT_S": "1e7"},
+            "",
+            "database.statement_timeout_s: Input should be less than or equal to 2147483",
+        ),
+        (
+            {},
+            "sslmode=bogus",
+            "database.dsn: sslmode must be one of disable, allow, prefer, require, verify-ca, "
+            "verify-full",
+        ),
+        (
+            {},
+            "bogus_option=1",
+            "database.dsn: the server refused the connection: unrecognized configuration "
+            'parameter "bogus_option" (42704)',
+        ),
+        (
+            {"RELAYD_BOGUS__X": "1"},
+            "",
+            "RELAYD_BOGUS__X: unknown setting section 'bogus' (known: database, outbox, sink, "
+            "relay, retry, http, log, cleanup)",
+        ),
+    ],
+)
+def test_run_refuses_a_bad_setting_in_one_line(
+    cli_env: dict[str, str],
+    empty_database: Database,
+    env: dict[str, str],
+    query: str,
+    line: str,
+) -> None:
+    """A setting that would fail at run time: exit 2, one stderr line naming the key."""
+    result = _relayd(
+        "run",
+        env=cli_env
+        | env
+        | {
+            "RELAYD_DATABASE__DSN": secret_dsn(empty_database.dsn, query),
+            "RELAYD_SINK__URL": "http://127.0.0.1:9",
+            "RELAYD_HTTP__ENABLED": "false",
+            "RELAYD_LOG__FORMAT": "json",
+        },
+    )
+    assert result.returncode == 2
+    assert result.stderr == f"relayd: config error: {line}\n"
     assert "hunter2" not in result.stdout + result.stderr

@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 
-from relayd.config import Settings, resolve_secrets
+from relayd.config import Settings
 from relayd.daemon import Daemon
 from relayd.metrics import RelayMetrics
 from relayd.producer import enqueue_many, new_job
@@ -46,7 +46,7 @@ def relay_settings(dsn: str, sink_url: str, **sections: dict[str, Any]) -> Setti
         merged.setdefault(name, {}).update(values)
     merged.setdefault("database", {})["dsn"] = dsn
     merged["sink"]["url"] = sink_url
-    return resolve_secrets(Settings(**merged))  # type: ignore[arg-type]
+    return Settings(**merged)  # type: ignore[arg-type]
 
 
 @contextlib.asynccontextmanager

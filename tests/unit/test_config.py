@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from relayd.cli import main
-from relayd.config import OutboxTable, Settings, load_settings, redact_dsn
+from relayd.config import DatabaseSettings, OutboxTable, Settings, load_settings, redact_dsn
 from relayd.errors import ConfigError
+from relayd.store import _server_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config.example.toml"
@@ -80,8 +81,29 @@ def test_config_path_from_environment(tmp_path: Path, monkeypatch: pytest.Monkey
         ('[sink]\nurl = "http://u:p@x"\n', {}, "sink.url", "sink.token_file"),
         ('[http]\nlisten = "9464"\n', {}, "http.listen", "HOST:PORT"),
         ("[relay\n", {}, "config", "invalid TOML"),
-        ('[database]\ndsn = "x"\ndsn_file = "/y"\n', {}, "database", "not both"),
+        ('[database]\ndsn = "postgres://db/x"\ndsn_file = "/y"\n', {}, "database", "not both"),
         ('[sink]\ntoken_file = "/nonexistent/token"\n', {}, "sink.token_file", "cannot read"),
+        # No float setting may be infinite or NaN: each one ends up in a sleep, a deadline or
+        # make_interval(), where inf crashes the first claim instead of the start-up.
+        ("[relay]\nlease_s = inf\n", {}, "relay.lease_s", "finite number"),
+        ("", {"RELAYD_RELAY__LEASE_S": "inf"}, "relay.lease_s", "finite number"),
+        ("", {"RELAYD_SINK__TIMEOUT_S": "NaN"}, "sink.timeout_s", "finite number"),
+        ("[retry]\ncap_s = nan\n", {}, "retry.cap_s", "finite number"),
+        ("[cleanup]\npublished_retention_s = inf\n", {}, "cleanup.published_retention_s", "finite"),
+        # Every duration has a finite upper bound.
+        ("[relay]\nlease_s = 1e9\n", {}, "relay.lease_s", "less than or equal to 86400"),
+        ("[sink]\ntimeout_s = 1e300\n", {}, "sink.timeout_s", "less than or equal to"),
+        ("[retry]\ncap_s = 1e9\n", {}, "retry.cap_s", "less than or equal to 86400"),
+        ("[relay]\npoll_interval_s = 1e9\n", {}, "relay.poll_interval_s", "less than or equal"),
+        ("[cleanup]\npublished_retention_s = 1e12\n", {}, "cleanup.published_retention_s", "less"),
+        # statement_timeout is an int of milliseconds on the server, and 0 means "no limit".
+        ("[database]\nstatement_timeout_s = 1e7\n", {}, "database.statement_timeout_s", "2147483"),
+        ("[database]\nstatement_timeout_s = inf\n", {}, "database.statement_timeout_s", "finite"),
+        ("[database]\nstatement_timeout_s = 0.0004\n", {}, "database.statement_timeout_s", "0.001"),
+        # Variables for an unknown section are refused like unknown keys of a known one.
+        ("", {"RELAYD_BOGUS__X": "1"}, "RELAYD_BOGUS__X", "unknown setting section 'bogus'"),
+        ("", {"relayd_Bogus__x": "1"}, "relayd_Bogus__x", "known: database, outbox, sink"),
+        ("", {"RELAYD___X": "1"}, "RELAYD___X", "unknown setting section ''"),
     ],
 )
 def test_bad_config_names_the_key(
@@ -100,6 +122,102 @@ def test_bad_config_names_the_key(
     assert caught.value.key == key
     assert reason in caught.value.reason
     assert "\n" not in str(caught.value)
+
+
+def test_durations_accept_their_documented_bounds(tmp_path: Path) -> None:
+    """The largest allowed durations and the smallest statement timeout load."""
+    settings = load_settings(
+        _write(
+            tmp_path,
+            "[database]\nstatement_timeout_s = 0.001\n[relay]\nlease_s = 86400\n"
+            "[sink]\ntimeout_s = 43199\n[retry]\ncap_s = 86400\n"
+            "[cleanup]\npublished_retention_s = 315360000\n",
+        )
+    )
+    assert settings.database.statement_timeout_s == 0.001
+    assert settings.cleanup.published_retention_s == 315_360_000
+
+
+def test_environment_without_a_section_separator_is_not_a_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RELAYD_CONFIG-style variables (no `__`) share the prefix and are left alone."""
+    for name in ("RELAYD_TEST_DSN", "RELAYD_OJS_CONFORMANCE", "RELAYD_CI_SERVER_DSN"):
+        monkeypatch.setenv(name, "postgresql://x:hunter2@h/db")
+    monkeypatch.setenv("RELAYD_CONFIG", str(_write(tmp_path, "")))
+    assert load_settings() == Settings()
+
+
+BAD_DSNS = [
+    ("mysql://relayd:hunter2@db/app", "postgresql:// or postgres://"),
+    ("host=db user=relayd password=hunter2", "postgresql:// or postgres://"),
+    ("postgresql://relayd:hunter2@db/app?sslmode=bogus", "sslmode must be one of disable,"),
+    ("postgresql://relayd:hunter2@db/app?sslmode=REQUIRE", "verify-full"),
+    ("postgresql://relayd:hunter2@db/app?target_session_attrs=master", "read-write"),
+    ("postgresql://relayd:hunter2@db/app?sslnegotiation=hunter2", "sslnegotiation"),
+    ("postgresql://relayd:hunter2@db/app?gsslib=hunter2", "gsslib"),
+    ("postgresql://relayd:hunter2@db/app?ssl_min_protocol_version=SSLv3", "TLSv1.2"),
+    ("postgresql://relayd:hunter2@db:hunter2/app", "port must be a number from 1 to 65535"),
+    ("postgresql://relayd:hunter2@db:70000/app", "port must be a number from 1 to 65535"),
+    ("postgresql://relayd:hunter2@db:0/app", "port must be a number from 1 to 65535"),
+    ("postgresql://relayd:hunter2@a:5432,b:99999/app", "port must be a number from 1 to 65535"),
+    ("postgresql://relayd:hunter2@[::1]:x/app", "port must be a number from 1 to 65535"),
+    ("postgresql://relayd:hunter2@[::1/app", "IPv6"),
+    ("postgresql://relayd:hunter2@a,,b/app", "empty host"),
+    ("postgresql:///app?port=hunter2", "port must be a number from 1 to 65535"),
+    ("postgresql://relayd:hunter2@db/app?hunter2", "malformed query string"),
+    ("postgresql://relayd:hunter2@x@db/app", "percent-encode it in the password as %40"),
+    ("postgresql://db/app?sslnegotiation=direct&sslmode=prefer", "requires sslmode require"),
+]
+
+
+@pytest.mark.parametrize("source", ["dsn", "dsn_file"])
+@pytest.mark.parametrize(("dsn", "reason"), BAD_DSNS)
+def test_bad_dsn_names_the_key_but_never_quotes_the_dsn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, dsn: str, reason: str
+) -> None:
+    """A DSN asyncpg would refuse (or retry forever on) fails at load, without its text."""
+    if source == "dsn":
+        monkeypatch.setenv("RELAYD_DATABASE__DSN", dsn)
+    else:
+        (tmp_path / "dsn").write_text(dsn + "\n")
+        monkeypatch.setenv("RELAYD_DATABASE__DSN_FILE", str(tmp_path / "dsn"))
+    with pytest.raises(ConfigError) as caught:
+        load_settings(_write(tmp_path, ""))
+    assert caught.value.key == f"database.{source}"
+    assert reason in caught.value.reason
+    assert "hunter2" not in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://relayd:p%40ss@db:5432/app",
+        "postgres://db/app?sslmode=verify-full&target_session_attrs=read-write",
+        "postgresql://a:5432,b:5433/app?sslmode=disable&application_name=x",
+        "postgresql://[::1]:5432/app?sslnegotiation=direct&sslmode=require",
+        "postgresql:///app?host=/var/run/postgresql&port=5433",
+        "postgresql://%2Fvar%2Frun%2Fpostgresql/app",
+        "postgresql://db/app?ssl_min_protocol_version=TLSv1.3&gsslib=gssapi",
+        "postgresql://db/app?sslmode=verify_full",
+    ],
+)
+def test_good_dsns_load(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, dsn: str) -> None:
+    """DSNs asyncpg accepts (multi-host, IPv6, sockets, server options) pass validation."""
+    monkeypatch.setenv("RELAYD_DATABASE__DSN", dsn)
+    assert load_settings(_write(tmp_path, "")).dsn == dsn
+
+
+@pytest.mark.parametrize(
+    ("seconds", "milliseconds"),
+    [(30.0, "30000"), (4.03, "4030"), (0.0004, "1"), (1e-9, "1"), (2147483.0, "2147483000")],
+)
+def test_statement_timeout_is_whole_milliseconds_never_zero(
+    seconds: float, milliseconds: str
+) -> None:
+    """Seconds become whole milliseconds, never 0 (which PostgreSQL reads as no limit)."""
+    assert _server_settings(seconds)["statement_timeout"] == milliseconds
 
 
 def test_secrets_come_from_files_and_never_show(tmp_path: Path) -> None:
@@ -122,6 +240,46 @@ def test_secrets_come_from_files_and_never_show(tmp_path: Path) -> None:
     assert "hunter2" not in shown
     assert "tok-3xyz" not in shown
     assert settings.redacted()["database"]["dsn"] == "postgresql://relayd:***@db/app"
+
+
+def test_settings_built_directly_read_their_secret_files(tmp_path: Path) -> None:
+    """Settings(...) built directly (sections as models or dicts) has read its *_file secrets."""
+    (tmp_path / "dsn").write_text("postgresql://relayd:hunter2@db/app\n")
+    (tmp_path / "token").write_text("tok-3xyz\n")
+    settings = Settings(
+        database=DatabaseSettings(dsn_file=tmp_path / "dsn"),
+        sink={"url": "http://x:1", "token_file": tmp_path / "token"},
+    )
+    assert settings.dsn == "postgresql://relayd:hunter2@db/app"
+    assert settings.database.resolved_dsn is not None
+    assert settings.sink.token is not None
+    assert settings.sink.token.get_secret_value() == "tok-3xyz"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '[sink]\ntoken_file = "/nonexistent/token"\n',
+            "sink.token_file: cannot read /nonexistent/token: No such file or directory",
+        ),
+        (
+            '[database]\ndsn_file = "/nonexistent/dsn"\n',
+            "database.dsn_file: cannot read /nonexistent/dsn: No such file or directory",
+        ),
+        ('[database]\ndsn_file = "/dev/null"\n', "database.dsn_file: /dev/null is empty"),
+        (
+            '[sink]\nca_file = "/nonexistent/ca"\n',
+            "sink.ca_file: not a readable file: /nonexistent/ca",
+        ),
+        ('[database]\ndsn = "postgres://db/x"\ndsn_file = "/dev/null"\n', "database: set either"),
+    ],
+)
+def test_secret_file_errors_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    """A secret file that cannot be used is one ConfigError naming its key and path."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings(_write(tmp_path, text))
+    assert str(caught.value).startswith(message)
 
 
 @pytest.mark.parametrize(
