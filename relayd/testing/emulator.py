@@ -144,8 +144,9 @@ class EmulatorConfig:
     # echoed as an unknown field), top-level `queue` (guide gateway), or either (options
     # first).
     queue_source: QueueSource = "options"
-    # Validate and check every batch item before storing any (True), or push one by one
-    # and leave the earlier items stored when one fails (redis, lite).
+    # True: validate and check every batch item before storing any. False (redis, lite):
+    # check each item's id, type and args first, then validate and store the items one by
+    # one; the first that fails answers for the batch and the earlier ones stay stored.
     batch_atomic: bool = True
     # Whether POST /ojs/v1/jobs/batch exists; advertised as capabilities.batch_enqueue.
     batch_enqueue: bool = True
@@ -585,6 +586,17 @@ def _parse_identity(payload: dict[str, Any], now: float) -> tuple[str, str, list
     else:
         job_id = uuid7(now)
     return job_id, job_type, args
+
+
+def _batch_item_invalid(exc: _Reject, index: int, *, own_status: bool) -> _Reject:
+    """A batch item's rejection as the batch's answer, naming the item's index. The atomic
+    path answers 400 invalid_request whatever the item's own status, as the reference batch
+    handler does; the push-one-by-one path keeps the item's status and code."""
+    message = f"Batch validation failed: job at index {index}: {exc.message}"
+    details = {**(exc.details or {}), "index": index}
+    if not own_status:
+        return _invalid(message, **details)
+    return _Reject(exc.status, exc.code, message, details=details, retryable=exc.retryable)
 
 
 def _check_lease_token(job: _Job, token: Any) -> None:
@@ -1289,15 +1301,12 @@ class Emulator:
                 received=len(items),
             )
         jobs: list[_Job] = []
-        for index, item in enumerate(items):
-            try:
-                jobs.append(self._parse_job(item, now))
-            except _Reject as exc:
-                raise _invalid(
-                    f"Batch validation failed: job at index {index}: {exc.message}",
-                    **{**(exc.details or {}), "index": index},
-                ) from exc
         if self.config.batch_atomic:
+            for index, item in enumerate(items):
+                try:
+                    jobs.append(self._parse_job(item, now))
+                except _Reject as exc:
+                    raise _batch_item_invalid(exc, index, own_status=False) from exc
             earlier: dict[str, str] = {}
             for index, job in enumerate(jobs):
                 self._raise_batch_conflict(self._conflict(job, earlier), index)
@@ -1305,9 +1314,21 @@ class Emulator:
             for job in jobs:
                 self._store(job, now)
         else:
-            for index, job in enumerate(jobs):
+            for index, item in enumerate(items):
+                try:
+                    if not isinstance(item, dict):
+                        raise _invalid("The request body must be a JSON object.")
+                    _parse_identity(item, now)  # a generated id is drawn again below
+                except _Reject as exc:
+                    raise _batch_item_invalid(exc, index, own_status=True) from exc
+            for index, item in enumerate(items):
+                try:
+                    job = self._parse_job(item, now)
+                except _Reject as exc:
+                    raise _batch_item_invalid(exc, index, own_status=True) from exc
                 self._raise_batch_conflict(self._conflict(job, {}), index)
                 self._store(job, now)
+                jobs.append(job)
         views = [job.view() for job in jobs]
         return _Reply(201, {"jobs": views, "count": len(views)})
 
