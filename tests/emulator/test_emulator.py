@@ -16,12 +16,12 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
+from relayd.config import parse_listen
 from relayd.testing.emulator import (
     UUIDV7_PATTERN,
     Emulator,
     EmulatorConfig,
     config_from_options,
-    parse_listen,
     uuid7,
 )
 from relayd.testing.faults import FaultRule
@@ -177,7 +177,7 @@ async def test_envelope_validation(
     status: int,
     code: str,
 ) -> None:
-    """Each §1.2 rule rejects with its status and code, retryable false, nothing stored."""
+    """Each enqueue-request rule rejects with its status and code, retryable false, none stored."""
     running = await start()
     sent = {**job(), **change}
     answer = await call(http, "POST", running.url + JOBS, sent)
@@ -991,7 +991,7 @@ def test_config_from_options(tmp_path: Path) -> None:
 
 
 def test_parse_listen() -> None:
-    """HOST:PORT parsing, IPv6 in brackets, errors for anything else."""
+    """`relayd emulator --listen`: HOST:PORT, IPv6 in brackets, errors for anything else."""
     assert parse_listen("127.0.0.1:8080") == ("127.0.0.1", 8080)
     assert parse_listen("[::1]:0") == ("::1", 0)
     for bad in ("8080", "host:", "host:port", "host:70000"):
