@@ -20,9 +20,11 @@ import asyncpg
 from relayd.config import OutboxTable
 
 
-def uuid7() -> str:
-    """A new lowercase UUIDv7 (RFC 9562): 48-bit Unix milliseconds, then 74 random bits."""
-    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10))
+def uuid7(now_s: float | None = None) -> str:
+    """A new lowercase UUIDv7 (RFC 9562): 48-bit Unix milliseconds (of `now_s` if given, for
+    a caller with its own clock), then 74 random bits."""
+    millis = time.time_ns() // 1_000_000 if now_s is None else int(now_s * 1000)
+    value = millis << 80 | int.from_bytes(os.urandom(10))
     value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
     value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
     return str(uuid.UUID(int=value))

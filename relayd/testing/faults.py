@@ -31,11 +31,6 @@ FaultAction = Literal[
 ]
 FAULT_ACTIONS: tuple[str, ...] = get_args(FaultAction)
 
-# The actions that let the request reach the handler (and so store the job).
-PROCESSING_ACTIONS = frozenset(
-    {"latency", "store_then_drop", "store_then_delay", "store_then_status"}
-)
-
 
 @dataclass(frozen=True)
 class FaultRule:

@@ -45,7 +45,7 @@ SELECTED = (
 DIVERGENT: dict[str, str] = {
     "level-0-core/operations/error-validation-invalid-payload.json": (
         "expects code invalid_payload for malformed JSON; the reference servers answer "
-        "invalid_request (ojs-protocol.md §1.4, §3), and so does the emulator"
+        "invalid_request, and so does the emulator"
     ),
 }
 

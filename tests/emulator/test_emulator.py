@@ -16,12 +16,12 @@ import aiohttp
 import pytest
 from multidict import CIMultiDict
 
+from relayd.config import parse_listen
 from relayd.testing.emulator import (
     UUIDV7_PATTERN,
     Emulator,
     EmulatorConfig,
     config_from_options,
-    parse_listen,
     uuid7,
 )
 from relayd.testing.faults import FaultRule
@@ -177,7 +177,7 @@ async def test_envelope_validation(
     status: int,
     code: str,
 ) -> None:
-    """Each §1.2 rule rejects with its status and code, retryable false, nothing stored."""
+    """Each enqueue-request rule rejects with its status and code, retryable false, none stored."""
     running = await start()
     sent = {**job(), **change}
     answer = await call(http, "POST", running.url + JOBS, sent)
@@ -419,6 +419,65 @@ async def test_non_atomic_batch_keeps_items_before_the_failure(
     ledger = running.emulator.ledger()
     assert [ledger[i["id"]].created for i in items] == [1, 1, 0]
     assert ledger[items[0]["id"]].post_statuses == (500,)
+
+
+@pytest.mark.parametrize(
+    ("options", "status", "code"),
+    [
+        ({"priority": 101}, 400, "invalid_request"),
+        ({"queue": "Not A Queue"}, 400, "invalid_request"),
+        ({"retry": {"max_attempts": -1}}, 422, "validation_error"),
+    ],
+    ids=["priority", "queue", "retry"],
+)
+async def test_non_atomic_batch_stores_items_before_an_invalid_one(
+    start: StartEmulator,
+    http: aiohttp.ClientSession,
+    options: dict[str, Any],
+    status: int,
+    code: str,
+) -> None:
+    """batch_atomic=False: item k failing validation answers its own status; 0..k-1 stay."""
+    running = await start(EmulatorConfig(batch_atomic=False))
+    items = [job(), job(), job(options=options), job()]
+    answer = await call(http, "POST", running.url + BATCH, {"jobs": items})
+    assert (answer.status, answer.body["error"]["code"]) == (status, code)
+    error = answer.body["error"]
+    assert error["message"].startswith("Batch validation failed: job at index 2: ")
+    assert (error["details"]["index"], error["retryable"]) == (2, False)
+    ledger = running.emulator.ledger()
+    assert [ledger[i["id"]].created for i in items] == [1, 1, 0, 0]
+    assert [ledger[i["id"]].post_statuses for i in items] == [(status,)] * 4
+    stored = await call(http, "GET", f"{running.url}{JOBS}/{items[1]['id']}")
+    assert (stored.status, stored.body["job"]["state"]) == (200, "available")
+
+
+async def test_non_atomic_batch_checks_every_identity_before_storing(
+    start: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    """batch_atomic=False: a bad id, type or args anywhere is 400 at its index, none stored."""
+    running = await start(EmulatorConfig(batch_atomic=False))
+    items = [job(), job(options={"priority": 101}), job(), {**job(), "args": {"n": 1}}]
+    answer = await call(http, "POST", running.url + BATCH, {"jobs": items})
+    assert (answer.status, answer.body["error"]["code"]) == (400, "invalid_request")
+    assert answer.body["error"]["details"]["index"] == 3
+    assert all(e.created == 0 for e in running.emulator.ledger().values())
+
+
+async def test_atomic_batch_answers_400_for_a_422_item_and_stores_nothing(
+    start: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    """batch_atomic: an item a single POST answers 422 makes the batch 400 invalid_request."""
+    running = await start(EmulatorConfig(batch_atomic=True))
+    items = [job(), job(options={"retry": {"max_attempts": -1}}), job()]
+    single = await call(http, "POST", running.url + JOBS, items[1])
+    assert (single.status, single.body["error"]["code"]) == (422, "validation_error")
+    answer = await call(http, "POST", running.url + BATCH, {"jobs": items})
+    assert (answer.status, answer.body["error"]["code"]) == (400, "invalid_request")
+    error = answer.body["error"]
+    assert error["message"].startswith("Batch validation failed: job at index 1: ")
+    assert error["details"]["index"] == 1
+    assert all(e.created == 0 for e in running.emulator.ledger().values())
 
 
 async def test_batch_in_batch_duplicate_ids(
@@ -932,7 +991,7 @@ def test_config_from_options(tmp_path: Path) -> None:
 
 
 def test_parse_listen() -> None:
-    """HOST:PORT parsing, IPv6 in brackets, errors for anything else."""
+    """`relayd emulator --listen`: HOST:PORT, IPv6 in brackets, errors for anything else."""
     assert parse_listen("127.0.0.1:8080") == ("127.0.0.1", 8080)
     assert parse_listen("[::1]:0") == ("::1", 0)
     for bad in ("8080", "host:", "host:port", "host:70000"):
