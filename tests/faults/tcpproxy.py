@@ -2,7 +2,9 @@
 
 It listens on 127.0.0.1 and forwards to a TCP address or a Unix socket (the embedded
 server listens on a socket only). `cut()` closes every connection and stops listening, so
-new connections are refused; `restore()` listens again on the same port.
+new connections are refused; `restore()` listens again on the same port. `reply_delay_s`
+holds back what the server sends (in order, each chunk by the delay in force when it
+arrived): a slow link, or a server whose answers arrive after the client gave up on them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class TcpProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._pumps: set[asyncio.Task[None]] = set()
         self.port = 0
+        self.reply_delay_s = 0.0
 
     @classmethod
     def for_dsn(cls, dsn: str) -> TcpProxy:
@@ -81,7 +84,7 @@ class TcpProxy:
         self._writers.update((writer, up_writer))
         pumps = [
             asyncio.create_task(self._pump(reader, up_writer)),
-            asyncio.create_task(self._pump(up_reader, writer)),
+            asyncio.create_task(self._pump_delayed(up_reader, writer)),
         ]
         self._pumps.update(pumps)
         await asyncio.gather(*pumps, return_exceptions=True)
@@ -97,3 +100,31 @@ class TcpProxy:
                 writer.write(data)
                 await writer.drain()
         writer.transport.abort()
+
+    async def _pump_delayed(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Forward the server's bytes, each chunk `reply_delay_s` after it arrived."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while True:
+                due, data = await queue.get()
+                if not data:
+                    return
+                await asyncio.sleep(max(due - loop.time(), 0.0))
+                writer.write(data)
+                await writer.drain()
+
+        delivering = asyncio.create_task(deliver())
+        try:
+            with contextlib.suppress(OSError, ConnectionError):
+                while data := await reader.read(65536):
+                    queue.put_nowait((loop.time() + self.reply_delay_s, data))
+                queue.put_nowait((loop.time(), b""))
+                await delivering
+        finally:
+            delivering.cancel()
+            await asyncio.gather(delivering, return_exceptions=True)
+            writer.transport.abort()

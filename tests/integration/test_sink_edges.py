@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import asyncpg
+import structlog
 
 from relayd.cleanup import clean_published
 from relayd.config import CleanupSettings
 from relayd.producer import enqueue_many, new_job
 from relayd.store import Store
 from relayd.testing.emulator import EmulatorConfig, start_emulator
+from relayd.testing.faults import FaultRule
 from tests.conftest import Database
 from tests.integration.relayhelp import (
     drained,
@@ -117,3 +120,75 @@ async def test_retention_deletes_old_published_rows_only(
     await task
     left = {r[0] for r in await conn.fetch("SELECT event_id::text FROM relayd.outbox")}
     assert left == set(recent) | set(dead_old) | set(waiting)
+
+
+async def test_a_token_echoed_by_the_sink_is_never_stored_or_logged(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """A sink (or a proxy) that echoes the Authorization header in its 401 message: the
+    token reaches neither last_error nor any log event, in any of its encodings."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    await produce(conn, 10)
+    echo = json.dumps(
+        {
+            "error": {
+                "code": "unauthorized",
+                # The header as received, then quoted again the way Go would escape it.
+                "message": f"bad credentials: 'Bearer {TOKEN}' ({json.dumps(TOKEN)})",
+            }
+        }
+    )
+    async with await start_emulator(EmulatorConfig(auth_token=TOKEN)) as sink:
+        sink.emulator.add_fault(
+            FaultRule(action="status", method="POST", status=401, body=echo, times=None)
+        )
+        settings = relay_settings(
+            database.dsn, sink.url, sink={"token_file": token_file, "batch": "off"}
+        )
+        with structlog.testing.capture_logs() as logs:
+            async with running(settings):
+
+                async def refused_often() -> bool:
+                    return (
+                        await conn.fetchval(
+                            "SELECT count(*) FROM relayd.outbox WHERE last_error LIKE '%401%'"
+                        )
+                        >= 3
+                    )
+
+                await eventually(refused_often)
+    errors = [r[0] for r in await conn.fetch("SELECT last_error FROM relayd.outbox")]
+    assert any(error and "bad credentials: 'Bearer ***'" in error for error in errors)
+    assert all(TOKEN not in (error or "") for error in errors)
+    assert logs
+    assert all(TOKEN not in repr(entry) for entry in logs)
+
+
+async def test_a_batch_stored_in_part_is_reconciled_before_anything_is_resent(
+    database: Database, conn: asyncpg.Connection
+) -> None:
+    """A server that stores batch items one by one, then answers 422 naming item 10: the 10
+    items before it are found by GET (not sent again: on a sink that overwrites a reused id
+    that would create them twice), the named row is dead-lettered, the rest publish."""
+    good = [new_job("test.echo", [n]) for n in range(20)]
+    poison = new_job("test.echo", [], options={"retry": {"max_attempts": -1}})
+    async with conn.transaction():
+        await enqueue_many(conn, [*good[:10], poison, *good[10:]])
+    config = EmulatorConfig(batch_atomic=False, duplicate_mode="overwrite")
+    async with await start_emulator(config) as sink:
+        settings = relay_settings(database.dsn, sink.url, sink={"batch": "on"})
+        async with running(settings):
+            await eventually(lambda: drained(conn))
+        ledger = sink.emulator.ledger()
+    assert {(ledger[str(j["id"])].created, ledger[str(j["id"])].overwrites) for j in good} == {
+        (1, 0)
+    }
+    assert (
+        await conn.fetchval(
+            "SELECT dead_reason FROM relayd.outbox WHERE event_id = $1", poison["id"]
+        )
+        == "sink_unprocessable"
+    )
+    assert await conn.fetchval("SELECT count(*) FROM relayd.outbox WHERE dead_at IS NOT NULL") == 1
+    assert await conn.fetchval("SELECT max(attempts) FROM relayd.outbox") == 1
