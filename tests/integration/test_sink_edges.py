@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -11,9 +13,11 @@ import structlog
 
 from relayd.cleanup import clean_published
 from relayd.config import CleanupSettings
+from relayd.models import Envelope, NotStarted
 from relayd.producer import enqueue_many, new_job
+from relayd.sinks.ojs import OjsSink
 from relayd.store import Store
-from relayd.testing.emulator import EmulatorConfig, start_emulator
+from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from relayd.testing.faults import FaultRule
 from tests.conftest import Database
 from tests.integration.relayhelp import (
@@ -24,6 +28,7 @@ from tests.integration.relayhelp import (
     relay_settings,
     running,
 )
+from tests.unit.test_models import claimed
 
 TOKEN = "s3cret-token-value"  # noqa: S105 - a test fixture, not a credential
 
@@ -192,3 +197,40 @@ async def test_a_batch_stored_in_part_is_reconciled_before_anything_is_resent(
     )
     assert await conn.fetchval("SELECT count(*) FROM relayd.outbox WHERE dead_at IS NOT NULL") == 1
     assert await conn.fetchval("SELECT max(attempts) FROM relayd.outbox") == 1
+
+
+class _Health:
+    """Where the sink reports exchanges (the breaker, in the daemon): counted here."""
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.failed = 0
+
+    def sink_ok(self) -> None:
+        self.ok += 1
+
+    def sink_failed(self, *, severe: bool) -> None:
+        self.failed += 1
+
+
+async def test_no_post_leaves_after_the_start_by_time(emulator: RunningEmulator) -> None:
+    """C4: a POST (single or batch) whose attempt's start-by time has passed is not sent; the
+    rows come back NotStarted. A GET, which changes nothing on the sink, still is."""
+    settings = relay_settings("postgresql://unused@127.0.0.1/x", emulator.url).sink
+    sink = OjsSink(settings, emulator.url, _Health())
+    await sink.start()
+    try:
+        rows = [claimed() for _ in range(3)]
+        envelopes = {row.event_id: Envelope.parse(row.job, row.event_id) for row in rows}
+        past = asyncio.get_running_loop().time() - 0.001
+        assert await sink.publish(rows[0], envelopes[rows[0].event_id], send_by=past) == (
+            NotStarted()
+        )
+        outcomes = await sink.publish_batch(rows, envelopes, send_by=past)
+        assert outcomes == {row.event_id: NotStarted() for row in rows}
+        again = dataclasses.replace(rows[1], previous_attempt_at=datetime.now(UTC))
+        assert await sink.publish(again, envelopes[again.event_id], send_by=past) == NotStarted()
+    finally:
+        await sink.close()
+    assert emulator.emulator.ledger()[rows[1].event_id].gets == 1  # the GET went out
+    assert all(entry.posts == 0 for entry in emulator.emulator.ledger().values())
