@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
 
 import asyncpg
-import pytest
 
 from relayd.daemon import Daemon
 from relayd.metrics import RelayMetrics
@@ -16,15 +14,6 @@ from relayd.testing.emulator import RunningEmulator
 from tests.conftest import Database
 from tests.faults.tcpproxy import TcpProxy
 from tests.integration.relayhelp import drained, eventually, pending, produce, relay_settings
-
-
-@pytest.fixture
-async def proxy(database: Database) -> AsyncIterator[TcpProxy]:
-    """A cuttable TCP path to the test database."""
-    cuttable = TcpProxy.for_dsn(database.dsn)
-    await cuttable.start()
-    yield cuttable
-    await cuttable.close()
 
 
 def _errors(daemon: Daemon) -> float:

@@ -3,10 +3,7 @@ time counts from before the claim was sent, not from when its answer arrived."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import asyncpg
-import pytest
 
 from relayd.testing.emulator import EmulatorConfig, start_emulator
 from tests.conftest import Database
@@ -19,17 +16,8 @@ LEASE_S = 2.0
 REPLY_DELAY_S = 2.5
 
 
-@pytest.fixture
-async def slow_link(database: Database) -> AsyncIterator[TcpProxy]:
-    """A path to the test database whose replies can be held back."""
-    proxy = TcpProxy.for_dsn(database.dsn)
-    await proxy.start()
-    yield proxy
-    await proxy.close()
-
-
 async def test_a_claim_answered_after_its_lease_publishes_nothing(
-    database: Database, conn: asyncpg.Connection, slow_link: TcpProxy
+    database: Database, conn: asyncpg.Connection, proxy: TcpProxy
 ) -> None:
     """1. relay A's replies from PostgreSQL are delayed 2.5 s, past its 2 s lease; 2. A claims
     50 rows (committed at once, answered late); 3. relay B takes them over when the lease
@@ -41,14 +29,14 @@ async def test_a_claim_answered_after_its_lease_publishes_nothing(
     }
     async with await start_emulator(EmulatorConfig(duplicate_mode="overwrite")) as sink:
         late = relay_settings(
-            slow_link.dsn_through(database.dsn),
+            proxy.dsn_through(database.dsn),
             sink.url,
             relay=timing["relay"] | {"workers": 1, "listen": False},
             sink=timing["sink"],
         )
         async with running(late, seed=1) as relay_a:
             # 1.
-            slow_link.reply_delay_s = REPLY_DELAY_S
+            proxy.reply_delay_s = REPLY_DELAY_S
             # 2.
             ids = await produce(conn, 50)
 
@@ -72,7 +60,7 @@ async def test_a_claim_answered_after_its_lease_publishes_nothing(
                     return (stale or 0) >= len(ids)
 
                 await eventually(a_gave_the_rows_up, timeout_s=60)
-            slow_link.reply_delay_s = 0.0
+            proxy.reply_delay_s = 0.0
         ledger = sink.emulator.ledger()
     assert set(ledger) == set(ids)
     assert {(entry.created, entry.overwrites) for entry in ledger.values()} == {(1, 0)}
