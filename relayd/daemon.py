@@ -44,8 +44,12 @@ class Daemon:
         *,
         metrics: RelayMetrics | None = None,
         rng: random.Random | None = None,
+        until_idle: bool = False,
     ) -> None:
+        """`until_idle`: drain and return once nothing is pending (every row published or
+        dead-lettered), instead of waiting for a signal; tests and one-shot runs use it."""
         self.settings = settings
+        self._until_idle = until_idle
         self.metrics = RelayMetrics() if metrics is None else metrics
         self._rng = random.Random() if rng is None else rng  # noqa: S311 - jitter, not crypto
         self.stopping = asyncio.Event()
@@ -234,6 +238,7 @@ class Daemon:
             metrics=self.metrics,
             backoff=Backoff(base_s=retry.base_s, cap_s=retry.cap_s, rng=self._rng),
             slots=asyncio.Semaphore(self.settings.sink.concurrency),
+            on_idle=self.stop if self._until_idle else None,
         )
 
     def _readiness(self, store: Store) -> Callable[[], Awaitable[str | None]]:

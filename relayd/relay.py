@@ -116,6 +116,9 @@ class RelayContext:
     metrics: RelayMetrics
     backoff: Backoff
     slots: asyncio.Semaphore
+    # Called when a worker finds nothing to claim and nothing pending at all (not even in
+    # backoff or leased): the run-until-idle mode stops the daemon there.
+    on_idle: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,10 @@ class RelayWorker:
         except (DatabaseUnavailable, StatementError) as exc:
             self._log.warning("relay.next_due_unknown", error=str(exc))
             due_s = None
+        else:
+            if due_s is None and self._ctx.on_idle is not None:
+                self._ctx.on_idle()
+                return
         if due_s is not None and not math.isnan(due_s):
             timeout_s = min(timeout_s, max(due_s, _MIN_IDLE_S))
         await self._ctx.wakeup.wait(snapshot, timeout_s)

@@ -95,3 +95,13 @@ async def pending(conn: asyncpg.Connection) -> int:
 
 async def drained(conn: asyncpg.Connection) -> bool:
     return await pending(conn) == 0
+
+
+async def run_until_idle(settings: Settings, *, seed: int = 1, timeout_s: float = 60.0) -> Daemon:
+    """Run a relay daemon until nothing is pending (every row published or dead-lettered),
+    then return it (for its metrics) once it drained and exited 0."""
+    daemon = Daemon(settings, metrics=RelayMetrics(), rng=random.Random(seed), until_idle=True)
+    async with asyncio.timeout(timeout_s):
+        code = await daemon.run()
+    assert code == 0, f"daemon exit code {code}"
+    return daemon

@@ -7,8 +7,16 @@ from typing import Any
 import asyncpg
 
 from relayd.testing.emulator import RunningEmulator
+from relayd.testing.faults import FaultRule
 from tests.conftest import Database
-from tests.integration.relayhelp import drained, eventually, produce, relay_settings, running
+from tests.integration.relayhelp import (
+    drained,
+    eventually,
+    produce,
+    relay_settings,
+    run_until_idle,
+    running,
+)
 
 
 async def test_rows_reach_the_sink(
@@ -25,3 +33,23 @@ async def test_rows_reach_the_sink(
         "SELECT count(*) FROM relayd.outbox WHERE published_at IS NOT NULL"
     )
     assert published == 500
+
+
+async def test_run_until_idle_waits_for_rows_in_backoff(
+    database: Database, conn: asyncpg.Connection, emulator: RunningEmulator
+) -> None:
+    """The run-until-idle mode returns only once nothing is pending: rows waiting out a
+    backoff after a 503 (or leased by another worker) keep it running."""
+    ids = await produce(conn, 100)
+    for event_id in ids[:10]:
+        emulator.emulator.add_fault(
+            FaultRule(action="status", status=503, method="POST", job_id=event_id, times=2)
+        )
+    daemon = await run_until_idle(relay_settings(database.dsn, emulator.url, sink={"batch": "off"}))
+    assert await drained(conn)
+    assert set(emulator.emulator.ledger()) == set(ids)
+    retried = daemon.metrics.registry.get_sample_value(
+        "relayd_outcomes_total", {"outcome": "retried"}
+    )
+    assert retried is not None
+    assert retried >= 10
