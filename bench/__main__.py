@@ -23,8 +23,8 @@ from pathlib import Path
 import aiohttp
 import asyncpg
 
-from relayd.config import OutboxTable
 from relayd.migrate import migrate
+from relayd.models import OutboxTable
 from relayd.producer import enqueue_many, new_job
 from relayd.store import Store
 from relayd.testing.postgres import EmbeddedPostgres

@@ -35,15 +35,11 @@ from pydantic_settings import (
 )
 
 from relayd.errors import ConfigError
+from relayd.models import OutboxTable
 
 DEFAULT_CONFIG_PATH = Path("/etc/relayd/config.toml")
 CONFIG_ENV_VAR = "RELAYD_CONFIG"
 
-# One identifier part of the outbox table name (design.md §2). Anything else is refused, so
-# the name can be quoted and formatted into SQL once at start-up without injection risk.
-_IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-# PostgreSQL truncates identifiers (and NOTIFY channels) at 63 bytes.
-_MAX_CHANNEL_BYTES = 63
 _REDACTED = "***"
 
 # Upper bounds of durations. Every one ends up in an asyncio deadline, an int conversion or
@@ -61,50 +57,6 @@ _MIN_STATEMENT_TIMEOUT_S = 0.001
 class _Section(BaseModel):
     # inf and nan parse as floats (TOML `inf`, env "inf") but are never a usable setting.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class OutboxTable(BaseModel):
-    """A validated, schema-qualified outbox table name."""
-
-    model_config = ConfigDict(frozen=True)
-
-    schema_name: str
-    name: str
-
-    @classmethod
-    def parse(cls, value: str) -> OutboxTable:
-        parts = value.split(".")
-        if len(parts) == 1:
-            parts = ["public", *parts]
-        if len(parts) != 2 or not all(_IDENT.match(part) for part in parts):
-            raise ValueError(
-                f"invalid table name {value!r}: expected [schema.]name, each part matching "
-                f"{_IDENT.pattern}"
-            )
-        table = cls(schema_name=parts[0], name=parts[1])
-        if len(table.channel.encode()) > _MAX_CHANNEL_BYTES:
-            raise ValueError(
-                f"table name {value!r} is too long: 'schema.name' must fit the "
-                f"{_MAX_CHANNEL_BYTES}-byte NOTIFY channel limit"
-            )
-        return table
-
-    @property
-    def qualified(self) -> str:
-        """The quoted identifier, safe to format into SQL."""
-        return f'"{self.schema_name}"."{self.name}"'
-
-    @property
-    def quoted_schema(self) -> str:
-        return f'"{self.schema_name}"'
-
-    @property
-    def channel(self) -> str:
-        """The NOTIFY channel the insert trigger signals (`schema.name`)."""
-        return f"{self.schema_name}.{self.name}"
-
-    def __str__(self) -> str:
-        return self.channel
 
 
 class DatabaseSettings(_Section):

@@ -28,9 +28,8 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from relayd.config import OutboxTable
 from relayd.migrate import migrate
-from relayd.models import Envelope
+from relayd.models import Envelope, OutboxTable
 from relayd.producer import enqueue, enqueue_many, new_job, uuid7
 from relayd.sinks.ojs import differences
 from relayd.store import Store

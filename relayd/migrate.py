@@ -13,8 +13,8 @@ from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
 
-from relayd.config import OutboxTable
 from relayd.errors import MigrationError
+from relayd.models import OutboxTable
 from relayd.store import Store, render
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")

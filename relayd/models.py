@@ -1,4 +1,5 @@
-"""Values that cross module boundaries: claimed rows, parsed envelopes, attempt outcomes.
+"""Values that cross module boundaries: the outbox table's name, claimed rows, parsed
+envelopes, attempt outcomes.
 
 Outcomes are produced once, at the sink boundary (`sinks/ojs.py`), and consumed by the relay
 (`relay.py`), which turns them into settle groups. Nothing here does I/O.
@@ -26,6 +27,57 @@ DEFAULT_QUEUE = "default"
 # Options that change when or whether a job runs; postgres' batch path drops them
 # (ojs-protocol.md §1.7), so rows carrying them are always published one by one.
 NON_BATCHABLE_OPTIONS = frozenset({"scheduled_at", "delay_until", "expires_at", "unique"})
+
+
+# One identifier part of the outbox table name. Anything else is refused, so the name can be
+# quoted and formatted into SQL once at start-up without injection risk.
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+# PostgreSQL truncates identifiers (and NOTIFY channels) at 63 bytes.
+_MAX_CHANNEL_BYTES = 63
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxTable:
+    """A validated, schema-qualified outbox table name."""
+
+    schema_name: str
+    name: str
+
+    @classmethod
+    def parse(cls, value: str) -> OutboxTable:
+        """`[schema.]name` (schema `public` when absent); ValueError says what is wrong."""
+        parts = value.split(".")
+        if len(parts) == 1:
+            parts = ["public", *parts]
+        if len(parts) != 2 or not all(_IDENT.match(part) for part in parts):
+            raise ValueError(
+                f"invalid table name {value!r}: expected [schema.]name, each part matching "
+                f"{_IDENT.pattern}"
+            )
+        table = cls(schema_name=parts[0], name=parts[1])
+        if len(table.channel.encode()) > _MAX_CHANNEL_BYTES:
+            raise ValueError(
+                f"table name {value!r} is too long: 'schema.name' must fit the "
+                f"{_MAX_CHANNEL_BYTES}-byte NOTIFY channel limit"
+            )
+        return table
+
+    @property
+    def qualified(self) -> str:
+        """The quoted identifier, safe to format into SQL."""
+        return f'"{self.schema_name}"."{self.name}"'
+
+    @property
+    def quoted_schema(self) -> str:
+        return f'"{self.schema_name}"'
+
+    @property
+    def channel(self) -> str:
+        """The NOTIFY channel the insert trigger signals (`schema.name`)."""
+        return f"{self.schema_name}.{self.name}"
+
+    def __str__(self) -> str:
+        return self.channel
 
 
 class DeadReason(enum.StrEnum):

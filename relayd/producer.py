@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from relayd.config import OutboxTable
+from relayd.models import OutboxTable
 
 
 def uuid7(now_s: float | None = None) -> str:

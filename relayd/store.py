@@ -18,7 +18,6 @@ from typing import Any
 
 import asyncpg
 
-from relayd.config import OutboxTable
 from relayd.errors import (
     ConfigError,
     DatabaseUnavailable,
@@ -26,7 +25,7 @@ from relayd.errors import (
     SchemaError,
     StatementError,
 )
-from relayd.models import ClaimedRow
+from relayd.models import ClaimedRow, OutboxTable
 
 # Columns `relayd run` needs; their absence means the outbox was never migrated.
 RELAY_COLUMNS = frozenset(

@@ -22,8 +22,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from relayd.config import OutboxTable
 from relayd.migrate import migrate
+from relayd.models import OutboxTable
 from relayd.store import Store
 from relayd.testing.postgres import EmbeddedPostgres
 

@@ -9,8 +9,8 @@ import sys
 import asyncpg
 import pytest
 
-from relayd.config import OutboxTable
 from relayd.migrate import load_migrations, migrate
+from relayd.models import OutboxTable
 from relayd.store import Store
 from tests.conftest import Database
 
