@@ -31,7 +31,7 @@ import asyncpg
 from relayd.migrate import migrate
 from relayd.models import Envelope, OutboxTable
 from relayd.producer import enqueue, enqueue_many, new_job, uuid7
-from relayd.sinks.ojs import differences
+from relayd.sinks.ojs_answers import differences
 from relayd.store import Store
 from relayd.testing.postgres import EmbeddedPostgres
 from relayd.testing.processes import emulator_process, free_port, relay_process, terminate

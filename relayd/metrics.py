@@ -9,12 +9,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from relayd.models import DeadReason
 from relayd.retry import BreakerState
+from relayd.settlement import Settled
 
 # Seconds; from a fast local sink to a backlog drained after an outage.
 _LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600)
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-
-OUTCOMES = ("published", "reconciled", "retried", "dead", "stale", "released")
 
 
 class RelayMetrics:
@@ -66,8 +65,8 @@ class RelayMetrics:
             "Statements that failed because PostgreSQL was unreachable.",
             registry=r,
         )
-        for outcome in OUTCOMES:
-            self.outcomes.labels(outcome)
+        for settled in Settled:
+            self.outcomes.labels(settled.value)
         for reason in DeadReason:
             self.dead_lettered.labels(reason.value)
 

@@ -265,6 +265,17 @@ class NotStarted:
 Outcome = Published | RetryLater | SinkDown | DeadLetter | NotStarted
 
 
+@dataclass(frozen=True, slots=True)
+class NotFound:
+    """Reconciliation found nothing under the row's id: the sink never stored it, or
+    purged it since; sending it (again) is safe."""
+
+
+def timed_out(elapsed_s: float) -> SinkDown:
+    """The attempt's deadline passed mid-exchange: the sink may have stored the job."""
+    return SinkDown(f"no answer within the attempt deadline ({elapsed_s:.1f}s)")
+
+
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_ERROR_BYTES = 512
 

@@ -17,11 +17,10 @@ Invariants (design.md §1):
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from relayd.config import Settings
 from relayd.errors import DatabaseUnavailable, StatementError, WorkerCrashed
@@ -37,18 +36,26 @@ from relayd.models import (
     Outcome,
     Published,
     RetryLater,
-    SinkDown,
-    clean_error,
+    timed_out,
 )
 from relayd.retry import DATABASE_RETRY, Backoff, BreakerState, CircuitBreaker, Permit
-from relayd.sinks.ojs import OjsSink, timed_out
+from relayd.settlement import (
+    DeadRows,
+    PublishedRows,
+    ReleasedRows,
+    RetriedRows,
+    Settled,
+    SettlementPlan,
+    event_ids,
+    plan,
+)
+from relayd.sinks import Sink
 from relayd.store import Store
 from relayd.wakeup import Wakeup, wait_event
 
 # An idle worker never sleeps less than this, even when a row is due "now" but was locked by
 # another claimer at the instant we looked.
 _MIN_IDLE_S = 0.01
-_MANIFEST_TIMEOUT_S = 5.0
 
 
 class BreakerGate:
@@ -109,7 +116,7 @@ class RelayContext:
 
     settings: Settings
     store: Store
-    sink: OjsSink
+    sink: Sink
     gate: BreakerGate
     wakeup: Wakeup
     stopping: asyncio.Event
@@ -133,16 +140,6 @@ class Claim:
     start_by: float  # no attempt starts, no POST is sent, after this
     lease_ends: float  # the lease has certainly expired by then: settling is pointless
     answered_at: float  # when the claim's answer arrived (for the commit-to-publish lag)
-
-
-@dataclass
-class _Settlement:
-    """One claim's outcomes grouped into the (at most four) fenced UPDATEs that record them."""
-
-    published: list[tuple[ClaimedRow, Published]] = field(default_factory=list)
-    retry: list[tuple[ClaimedRow, float, str, int]] = field(default_factory=list)
-    dead: list[tuple[ClaimedRow, DeadReason, str]] = field(default_factory=list)
-    release: list[ClaimedRow] = field(default_factory=list)
 
 
 class RelayWorker:
@@ -281,31 +278,15 @@ class RelayWorker:
                 outcomes[row.event_id] = DeadLetter(DeadReason.INVALID_ENVELOPE, str(exc))
 
         sendable = [row for row in claim.rows if row.event_id in envelopes]
-        first_tries = [
-            row for row in sendable if not row.claimed_before and envelopes[row.event_id].batchable
-        ]
-        batched = first_tries if len(first_tries) > 1 and await self._batch_enabled() else []
-        in_batch = {row.event_id for row in batched}
-
-        sink, send_by = self._ctx.sink, claim.start_by
-        attempts = [
-            self._attempt(
-                claim,
-                chunk,
-                functools.partial(sink.publish_batch, chunk, envelopes, send_by=send_by),
-            )
-            for chunk in sink.plan_batches(batched)
-        ]
-        attempts += [
-            self._attempt(
-                claim, [row], functools.partial(self._publish_one, row, envelopes, send_by)
-            )
-            for row in sendable
-            if row.event_id not in in_batch
-        ]
+        sink = self._ctx.sink
+        requests = await sink.plan(sendable, envelopes) if sendable else []
         # Every attempt runs to its end before anything is decided: none is left running
         # unsupervised, and none is cut mid-request by a sibling's failure.
-        for result in await asyncio.gather(*attempts, return_exceptions=True):
+        results = await asyncio.gather(
+            *(self._attempt(claim, rows, envelopes) for rows in requests),
+            return_exceptions=True,
+        )
+        for result in results:
             if isinstance(result, BaseException):
                 raise result
             outcomes.update(result)
@@ -326,26 +307,10 @@ class RelayWorker:
             return DeadLetter(DeadReason.INVALID_ENVELOPE, "created_at is not a finite time")
         return None
 
-    async def _publish_one(
-        self, row: ClaimedRow, envelopes: dict[str, Envelope], send_by: float
-    ) -> dict[str, Outcome]:
-        outcome = await self._ctx.sink.publish(row, envelopes[row.event_id], send_by=send_by)
-        return {row.event_id: outcome}
-
-    async def _batch_enabled(self) -> bool:
-        try:
-            async with asyncio.timeout(_MANIFEST_TIMEOUT_S):
-                return await self._ctx.sink.batch_enabled()
-        except TimeoutError:
-            return False
-
     async def _attempt(
-        self,
-        claim: Claim,
-        rows: Sequence[ClaimedRow],
-        send: Callable[[], Awaitable[dict[str, Outcome]]],
+        self, claim: Claim, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope]
     ) -> dict[str, Outcome]:
-        """One HTTP exchange (a row, or a batch) in a concurrency slot, under one deadline.
+        """One request's rows (a row, or a batch) in a concurrency slot, under one deadline.
 
         An attempt that cannot start (stopping, breaker open, or queued for a slot until too
         little of the lease was left) returns NotStarted: the claim is released, not counted.
@@ -365,7 +330,9 @@ class RelayWorker:
                 async with asyncio.timeout_at(deadline) as scope:
                     self._scopes.add(scope)
                     try:
-                        result = await send()
+                        result = await self._ctx.sink.publish(
+                            rows, envelopes, send_by=claim.start_by
+                        )
                     finally:
                         self._scopes.discard(scope)
             except TimeoutError:
@@ -384,180 +351,163 @@ class RelayWorker:
 
     async def settle(self, claim: Claim, outcomes: dict[str, Outcome]) -> None:
         """Record every outcome with fenced UPDATEs, shielded from cancellation."""
-        plan = self._plan(claim.rows, outcomes)
+        settlement = plan(
+            claim.rows,
+            outcomes,
+            max_attempts=self._ctx.settings.retry.max_attempts,
+            backoff=self._ctx.backoff,
+            sink_wide=(
+                self._ctx.gate.state is not BreakerState.CLOSED or self._ctx.stopping.is_set()
+            ),
+        )
         try:
-            await asyncio.shield(self._write(claim, plan))
+            await asyncio.shield(self._write(claim, settlement))
         finally:
             self.in_flight = 0
 
-    def _plan(self, rows: Sequence[ClaimedRow], outcomes: dict[str, Outcome]) -> _Settlement:
-        plan = _Settlement()
-        max_attempts = self._ctx.settings.retry.max_attempts
-        for row in rows:
-            outcome = outcomes.get(row.event_id, NotStarted())
-            if isinstance(outcome, Published):
-                plan.published.append((row, outcome))
-            elif isinstance(outcome, DeadLetter):
-                plan.dead.append((row, outcome.reason, clean_error(outcome.error)))
-            elif isinstance(outcome, NotStarted):
-                plan.release.append(row)
-            else:
-                error = clean_error(outcome.error)
-                refund = isinstance(outcome, SinkDown) and self._sink_to_blame(outcome)
-                if not refund and row.attempts >= max_attempts:
-                    plan.dead.append((row, DeadReason.MAX_ATTEMPTS, error))
-                    continue
-                delay_s = self._ctx.backoff.delay_s(row.attempts, outcome.retry_after_s)
-                plan.retry.append((row, delay_s, error, int(refund)))
-        return plan
-
-    def _sink_to_blame(self, outcome: SinkDown) -> bool:
-        """Refund the attempt: the request never left, the sink is failing for every row
-        (breaker not closed), credentials are wrong, or our own shutdown cut it short."""
-        return (
-            not outcome.reached
-            or outcome.severe
-            or self._ctx.gate.state is not BreakerState.CLOSED
-            or self._ctx.stopping.is_set()
-        )
-
-    async def _write(self, claim: Claim, plan: _Settlement) -> None:
+    async def _write(self, claim: Claim, settlement: SettlementPlan) -> None:
         store, owner = self._ctx.store, claim.owner
-        statements: list[tuple[str, list[ClaimedRow], Callable[[], Awaitable[set[str]]]]] = [
-            (
-                "published",
-                [row for row, _ in plan.published],
-                lambda: store.settle_published(
-                    owner,
-                    [row.event_id for row, _ in plan.published],
-                    [p.sink_state for _, p in plan.published],
-                ),
-            ),
-            (
-                "retried",
-                [row for row, *_ in plan.retry],
-                lambda: store.settle_retry(
-                    owner,
-                    [row.event_id for row, *_ in plan.retry],
-                    [delay for _, delay, _, _ in plan.retry],
-                    [error for _, _, error, _ in plan.retry],
-                    [refund for *_, refund in plan.retry],
-                ),
-            ),
-            (
-                "dead",
-                [row for row, *_ in plan.dead],
-                lambda: store.settle_dead(
-                    owner,
-                    [row.event_id for row, *_ in plan.dead],
-                    [reason.value for _, reason, _ in plan.dead],
-                    [error for *_, error in plan.dead],
-                ),
-            ),
-            (
-                "released",
-                plan.release,
-                lambda: store.release(
-                    owner,
-                    [row.event_id for row in plan.release],
-                    [row.previous_attempt_at for row in plan.release],
-                ),
-            ),
-        ]
-        for kind, rows, run in statements:
-            if not rows:
-                continue
-            updated = await self._settle_with_retry(claim, kind, run)
-            if updated is not None:
-                self._account(claim, kind, rows, updated, plan)
+        published, retried = settlement.published, settlement.retried
+        dead, released = settlement.dead, settlement.released
+        if published.rows:
+            updated = await self._fenced(
+                claim,
+                store.settle_published,
+                owner,
+                event_ids(published.rows),
+                published.sink_states,
+            )
+            self._account_published(claim, published, updated)
+        if retried.rows:
+            updated = await self._fenced(
+                claim,
+                store.settle_retry,
+                owner,
+                event_ids(retried.rows),
+                retried.delays_s,
+                retried.errors,
+                retried.refunds,
+            )
+            self._account_retried(retried, updated)
+        if dead.rows:
+            updated = await self._fenced(
+                claim, store.settle_dead, owner, event_ids(dead.rows), dead.reasons, dead.errors
+            )
+            self._account_dead(dead, updated)
+        if released.rows:
+            updated = await self._fenced(
+                claim, store.release, owner, event_ids(released.rows), released.previous_attempt_at
+            )
+            self._account_released(released, updated)
 
-    async def _settle_with_retry(
-        self, claim: Claim, kind: str, run: Callable[[], Awaitable[set[str]]]
+    async def _fenced(
+        self, claim: Claim, statement: Callable[..., Awaitable[set[str]]], *args: object
     ) -> set[str] | None:
-        """Retry a settle while PostgreSQL is away, until the lease would have expired anyway
-        (after that another owner may hold the rows and the fence makes our write a no-op)."""
+        """Run one settle statement, retrying while PostgreSQL is away until the lease would
+        have expired anyway (after that another owner may hold the rows, and the fence makes
+        our write a no-op); None if abandoned. Returns the ids this owner still held."""
         loop = asyncio.get_running_loop()
         failures = 0
         while True:
             try:
-                return await run()
+                return await statement(*args)
             except DatabaseUnavailable as exc:
                 failures += 1
                 self._ctx.metrics.database_errors.inc()
                 if loop.time() >= claim.lease_ends:
                     self._log.error(
                         "relay.settle_abandoned",
-                        kind=kind,
+                        statement=statement.__name__,
                         rows=len(claim.rows),
                         error=str(exc),
                     )
                     return None
                 await asyncio.sleep(DATABASE_RETRY.delay_s(failures))
 
-    def _account(
-        self, claim: Claim, kind: str, rows: list[ClaimedRow], updated: set[str], plan: _Settlement
-    ) -> None:
-        """Metrics and one log event per settled row; rows another owner held are only
-        counted as stale (C3)."""
-        metrics, log = self._ctx.metrics, self._log
+    # --- accounting: metrics and one log event per settled row ---------------------------
+
+    def _stale(self, kind: Settled, rows: Sequence[ClaimedRow], updated: set[str]) -> None:
+        """Rows another owner held by the time we settled are only counted (C3)."""
         stale = len(rows) - len(updated)
         if stale:
-            metrics.outcomes.labels("stale").inc(stale)
-            log.warning("relay.stale_settle", kind=kind, rows=len(rows), stale=stale)
-        if kind == "published":
-            since_claim_s = asyncio.get_running_loop().time() - claim.answered_at
-            for row, published in plan.published:
-                if row.event_id not in updated:
-                    continue
-                metrics.commit_to_publish.observe(max(row.age_s + since_claim_s, 0.0))
-                label = "reconciled" if published.reconciled else "published"
-                metrics.outcomes.labels(label).inc()
-                (log.info if published.reconciled or published.sink_job_id else log.debug)(
-                    f"relay.{label}",
-                    event_id=row.event_id,
-                    attempt=row.attempts,
-                    sink_state=published.sink_state,
-                    sink_job_id=published.sink_job_id,
-                )
-        elif kind == "retried":
-            metrics.outcomes.labels("retried").inc(len(updated))
-            for row, delay_s, error, refund in plan.retry:
-                if row.event_id not in updated:
-                    continue
-                log.info(
-                    "relay.retry_scheduled",
+            self._ctx.metrics.outcomes.labels(Settled.STALE).inc(stale)
+            self._log.warning(Settled.STALE.event, kind=kind.value, rows=len(rows), stale=stale)
+
+    def _account_published(
+        self, claim: Claim, published: PublishedRows, updated: set[str] | None
+    ) -> None:
+        if updated is None:
+            return
+        self._stale(Settled.PUBLISHED, published.rows, updated)
+        metrics = self._ctx.metrics
+        since_claim_s = asyncio.get_running_loop().time() - claim.answered_at
+        for row, answer in zip(published.rows, published.answers, strict=True):
+            if row.event_id not in updated:
+                continue
+            metrics.commit_to_publish.observe(max(row.age_s + since_claim_s, 0.0))
+            settled = Settled.RECONCILED if answer.reconciled else Settled.PUBLISHED
+            metrics.outcomes.labels(settled).inc()
+            (self._log.info if answer.reconciled or answer.sink_job_id else self._log.debug)(
+                settled.event,
+                event_id=row.event_id,
+                attempt=row.attempts,
+                sink_state=answer.sink_state,
+                sink_job_id=answer.sink_job_id,
+            )
+
+    def _account_retried(self, retried: RetriedRows, updated: set[str] | None) -> None:
+        if updated is None:
+            return
+        self._stale(Settled.RETRIED, retried.rows, updated)
+        self._ctx.metrics.outcomes.labels(Settled.RETRIED).inc(len(updated))
+        for row, delay_s, error, refund in zip(
+            retried.rows, retried.delays_s, retried.errors, retried.refunds, strict=True
+        ):
+            if row.event_id in updated:
+                self._log.info(
+                    Settled.RETRIED.event,
                     event_id=row.event_id,
                     attempt=row.attempts,
                     retry_in_s=round(delay_s, 3),
                     refunded=bool(refund),
                     error=error,
                 )
-        elif kind == "dead":
-            metrics.outcomes.labels("dead").inc(len(updated))
-            for row, reason, error in plan.dead:
-                if row.event_id not in updated:
-                    continue
-                metrics.dead_lettered.labels(reason.value).inc()
-                log.warning(
-                    "relay.dead_lettered",
+
+    def _account_dead(self, dead: DeadRows, updated: set[str] | None) -> None:
+        if updated is None:
+            return
+        self._stale(Settled.DEAD, dead.rows, updated)
+        metrics = self._ctx.metrics
+        metrics.outcomes.labels(Settled.DEAD).inc(len(updated))
+        for row, reason, error in zip(dead.rows, dead.reasons, dead.errors, strict=True):
+            if row.event_id in updated:
+                metrics.dead_lettered.labels(reason).inc()
+                self._log.warning(
+                    Settled.DEAD.event,
                     event_id=row.event_id,
                     attempt=row.attempts,
-                    reason=reason.value,
+                    reason=reason,
                     error=error,
                 )
-        else:
-            metrics.outcomes.labels("released").inc(len(updated))
-            self.released += len(updated)
-            log.debug("relay.released", rows=len(updated))
+
+    def _account_released(self, released: ReleasedRows, updated: set[str] | None) -> None:
+        if updated is None:
+            return
+        self._stale(Settled.RELEASED, released.rows, updated)
+        self._ctx.metrics.outcomes.labels(Settled.RELEASED).inc(len(updated))
+        self.released += len(updated)
+        self._log.debug(Settled.RELEASED.event, rows=len(updated))
 
 
 def _label(outcome: Outcome) -> str:
+    """The attempt's outcome for `relayd_publish_duration_seconds`: how it will be settled,
+    or `sink_down` for a failure of the sink (retried or refunded)."""
     if isinstance(outcome, Published):
-        return "reconciled" if outcome.reconciled else "published"
+        return Settled.RECONCILED if outcome.reconciled else Settled.PUBLISHED
     if isinstance(outcome, DeadLetter):
-        return "dead"
+        return Settled.DEAD
     if isinstance(outcome, NotStarted):
-        return "released"
+        return Settled.RELEASED
     if isinstance(outcome, RetryLater):
-        return "retried"
+        return Settled.RETRIED
     return "sink_down"

@@ -1,32 +1,24 @@
-"""The OJS HTTP sink: POST /ojs/v1/jobs (and /jobs/batch), GET-first reconciliation, and the
-classification of every answer into an outcome value (ojs-protocol.md §1.10).
-
-aiohttp exceptions stop here: they become `SinkDown` values. The pure functions
-(`classify_post`, `classify_get`, `differences`, `parse_error`) are tested as tables; the
-class only moves bytes and remembers whether the server offers batches.
+"""The OJS sink's transport: POST /ojs/v1/jobs (and /jobs/batch), GET-first reconciliation,
+the manifest, over one keep-alive aiohttp session. What each answer means is decided in
+`relayd/sinks/ojs_answers.py`; aiohttp exceptions stop here, turned into outcome values.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TypeVar
 
 import aiohttp
 
-from relayd import __version__, jsonvalue
+from relayd import __version__
 from relayd.config import SinkSettings
-from relayd.jsonvalue import equal
 from relayd.models import (
-    DEFAULT_QUEUE,
     ClaimedRow,
-    DeadLetter,
-    DeadReason,
     Envelope,
+    NotFound,
     NotStarted,
     Outcome,
     Published,
@@ -34,234 +26,35 @@ from relayd.models import (
     RetryLater,
     SinkDown,
 )
-from relayd.retry import parse_retry_after
+from relayd.sinks import Capabilities, SinkHealth
+from relayd.sinks.ojs_answers import (
+    BATCH_PATH,
+    JOBS_PATH,
+    MANIFEST_PATH,
+    MEDIA_TYPE,
+    BatchAccepted,
+    BatchDrop,
+    BatchFailed,
+    BatchNotServed,
+    BatchSplit,
+    Response,
+    batch_body,
+    classify_batch,
+    classify_exception,
+    classify_get,
+    classify_post,
+    parse_json,
+    plan_batches,
+    redact,
+    request_id,
+    secret_forms,
+)
 
-MEDIA_TYPE = "application/openjobspec+json"
-JOBS_PATH = "/ojs/v1/jobs"
-BATCH_PATH = "/ojs/v1/jobs/batch"
-MANIFEST_PATH = "/ojs/manifest"
-_BATCH_OVERHEAD_BYTES = len(b'{"jobs":[]}')
 _MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+_MANIFEST_TIMEOUT_S = 5.0
 _MANIFEST_TTL_S = 300.0
 _MANIFEST_RETRY_S = 30.0
-_MESSAGE_CHARS = 200
-_ALIASES = {"duplicate_job": "duplicate"}  # ojs-errors.md's SCREAMING_SNAKE taxonomy
 _O = TypeVar("_O")
-
-
-class SinkHealth(Protocol):
-    """Where the sink reports each exchange: the circuit breaker."""
-
-    def sink_ok(self) -> None: ...
-
-    def sink_failed(self, *, severe: bool) -> None: ...
-
-
-# --- pure classification ---------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Response:
-    status: int
-    body: bytes
-    retry_after: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class SinkError:
-    """An error body, parsed leniently (wrapped, unwrapped or a bare string code)."""
-
-    code: str | None
-    message: str | None
-    details: Mapping[str, Any]
-
-    def describe(self, status: int) -> str:
-        parts = [f"HTTP {status}"]
-        if self.code:
-            parts.append(self.code)
-        if self.message:
-            parts.append(self.message[:_MESSAGE_CHARS])
-        return ": ".join(parts) if len(parts) > 1 else parts[0]
-
-
-@dataclass(frozen=True, slots=True)
-class NotFound:
-    """GET answered 404: the sink does not hold the id (never did, or purged it)."""
-
-
-def parse_json(body: bytes) -> Any:
-    """The body as JSON, or None if it is not JSON relayd can read (never raises)."""
-    try:
-        return jsonvalue.loads(body)
-    except jsonvalue.JsonError:
-        return None
-
-
-def parse_error(body: bytes) -> SinkError:
-    """`{"error": {...}}`, `{"code": ...}` or `{"error": "Code", "message": ...}` (§1.4)."""
-    data = parse_json(body)
-    if not isinstance(data, dict):
-        return SinkError(code=None, message=None, details={})
-    inner = data.get("error")
-    source = inner if isinstance(inner, dict) else data
-    code = inner if isinstance(inner, str) else source.get("code")
-    message = source.get("message")
-    details = source.get("details")
-    normal = code.lower() if isinstance(code, str) else None
-    return SinkError(
-        code=_ALIASES.get(normal, normal) if normal else None,
-        message=message if isinstance(message, str) else None,
-        details=details if isinstance(details, dict) else {},
-    )
-
-
-def _job_of(body: bytes) -> dict[str, Any] | None:
-    data = parse_json(body)
-    job = data.get("job") if isinstance(data, dict) else None
-    return job if isinstance(job, dict) and isinstance(job.get("id"), str) else None
-
-
-def classify_post(response: Response, event_id: str) -> Outcome | Reconcile:
-    """What one POST /ojs/v1/jobs answer means for the row (ojs-protocol.md §1.10)."""
-    status = response.status
-    if 200 <= status < 300:
-        job = _job_of(response.body)
-        if job is None:
-            # Accepted, but by whom? A proxy's 200 page is not an OJS acceptance: reconcile.
-            return RetryLater(f"HTTP {status} with an unreadable body")
-        state = str(job.get("state") or "accepted")
-        if job["id"] == event_id:
-            return Published(sink_state=state)
-        # 200 with another id: the sink's unique policy kept an existing job instead.
-        return Published(sink_state="deduplicated", sink_job_id=job["id"])
-    error = parse_error(response.body)
-    text = error.describe(status)
-    if error.code == "queue_paused":
-        return RetryLater(text, parse_retry_after(response.retry_after))
-    if status == 409:
-        existing = error.details.get("existing_job_id")
-        return Reconcile(text, existing if isinstance(existing, str) else None)
-    if status == 400:
-        return DeadLetter(DeadReason.SINK_REJECTED, text)
-    if status == 413:
-        return DeadLetter(DeadReason.SINK_TOO_LARGE, text)
-    if status == 422:
-        return DeadLetter(DeadReason.SINK_UNPROCESSABLE, text)
-    return _failure(status, text, parse_retry_after(response.retry_after), method="POST")
-
-
-def _failure(status: int, text: str, retry_after_s: float | None, *, method: str) -> Outcome:
-    """Statuses that say nothing about the row itself."""
-    if status in (401, 403):
-        return SinkDown(f"{text} (check sink.token_file)", severe=True)
-    if (status in (404, 405) and method == "POST") or status == 415 or 300 <= status < 400:
-        return SinkDown(f"{text} (check sink.url)", severe=True)
-    if status in (408, 429) or status >= 500:
-        return SinkDown(text, retry_after_s=retry_after_s)
-    return RetryLater(text, retry_after_s)
-
-
-def classify_get(response: Response, envelope: Envelope) -> Outcome | NotFound:
-    """What GET /ojs/v1/jobs/{id} says about our envelope (C2)."""
-    if response.status == 404:
-        return NotFound()
-    if response.status == 200:
-        job = _job_of(response.body)
-        if job is None:
-            return RetryLater("GET: HTTP 200 with an unreadable body")
-        diff = differences(envelope, job)
-        if diff:
-            return DeadLetter(
-                DeadReason.CONFLICT,
-                f"the sink holds a different job under this id ({', '.join(diff)} differ)",
-            )
-        return Published(sink_state=str(job.get("state") or "unknown"), reconciled=True)
-    error = parse_error(response.body)
-    return _failure(
-        response.status,
-        "GET: " + error.describe(response.status),
-        parse_retry_after(response.retry_after),
-        method="GET",
-    )
-
-
-def differences(envelope: Envelope, job: Mapping[str, Any]) -> list[str]:
-    """The immutable fields on which the sink's job differs from ours, compared by meaning
-    (ojs-protocol.md §1.6): id and type exactly, the effective queue, args by value, only the
-    meta keys we sent, and the priority and tags we sent."""
-    found: list[str] = []
-    if job.get("id") != envelope.id:
-        found.append("id")
-    if job.get("type") != envelope.type:
-        found.append("type")
-    if (job.get("queue") or DEFAULT_QUEUE) != envelope.queue:
-        found.append("queue")
-    if not equal(job.get("args"), envelope.args):
-        found.append("args")
-    meta = job.get("meta")
-    meta = meta if isinstance(meta, dict) else {}
-    if any(key not in meta or not equal(meta[key], v) for key, v in envelope.meta.items()):
-        found.append("meta")
-    if envelope.priority is not None and not equal(job.get("priority"), envelope.priority):
-        found.append("priority")
-    if envelope.tags is not None and not equal(job.get("tags"), envelope.tags):
-        found.append("tags")
-    return found
-
-
-def classify_exception(exc: BaseException) -> SinkDown:
-    """A transport failure. `reached` is False only when no byte can have been stored."""
-    if isinstance(exc, aiohttp.ClientSSLError):
-        return SinkDown(f"TLS failure: {type(exc).__name__}", reached=False, severe=True)
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return SinkDown("connect timed out", reached=False)
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        reason = exc.os_error.strerror or type(exc.os_error).__name__
-        return SinkDown(f"cannot connect: {reason}", reached=False)
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return SinkDown("the server closed the connection without an answer")
-    if isinstance(exc, aiohttp.ClientOSError):
-        return SinkDown(f"connection failed mid-request: {exc.strerror or type(exc).__name__}")
-    if isinstance(exc, aiohttp.ServerTimeoutError):
-        return SinkDown("read timed out")
-    return SinkDown(f"HTTP client error: {type(exc).__name__}")
-
-
-def timed_out(elapsed_s: float) -> SinkDown:
-    """The attempt's deadline passed mid-exchange: the server may have stored the job."""
-    return SinkDown(f"no answer within the attempt deadline ({elapsed_s:.1f}s)")
-
-
-def request_id(event_id: str, attempt: int, suffix: str = "") -> str:
-    """`X-Request-Id`, stable per row and attempt, so sink logs can be joined to ours."""
-    return f"relayd-{event_id}-{attempt}{suffix}"
-
-
-def batch_body(rows: Sequence[ClaimedRow]) -> bytes:
-    """The stored envelopes, unchanged, inside `{"jobs": [...]}`."""
-    return b'{"jobs":[' + b",".join(row.job for row in rows) + b"]}"
-
-
-def plan_batches(
-    rows: Sequence[ClaimedRow], *, max_jobs: int, max_bytes: int
-) -> list[list[ClaimedRow]]:
-    """Split rows into batch requests of at most `max_jobs` jobs and `max_bytes` bytes."""
-    batches: list[list[ClaimedRow]] = []
-    current: list[ClaimedRow] = []
-    size = _BATCH_OVERHEAD_BYTES
-    for row in rows:
-        row_bytes = len(row.job) + 1
-        if current and (len(current) >= max_jobs or size + row_bytes > max_bytes):
-            batches.append(current)
-            current, size = [], _BATCH_OVERHEAD_BYTES
-        current.append(row)
-        size += row_bytes
-    if current:
-        batches.append(current)
-    return batches
-
-
-# --- the sink --------------------------------------------------------------------------
 
 
 class OjsSink:
@@ -308,12 +101,48 @@ class OjsSink:
             await self._session.close()
             self._session = None
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(batches=self._settings.batch != "off", reconcile_by_id=True)
+
+    # --- the Sink interface ---
+
+    async def plan(
+        self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope]
+    ) -> list[list[ClaimedRow]]:
+        """First attempts of plain jobs go in batches where the server offers them; a row
+        that may already be on the sink, or that carries options a batch would drop
+        (scheduling, expiry, uniqueness), goes alone."""
+        batchable = [
+            row for row in rows if not row.claimed_before and envelopes[row.event_id].batchable
+        ]
+        if len(batchable) < 2 or not await self._batch_enabled():
+            batchable = []
+        in_batch = {row.event_id for row in batchable}
+        batches = plan_batches(
+            batchable,
+            max_jobs=self._settings.batch_max_jobs,
+            max_bytes=self._settings.batch_max_bytes,
+        )
+        return batches + [[row] for row in rows if row.event_id not in in_batch]
+
+    async def publish(
+        self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope], *, send_by: float
+    ) -> dict[str, Outcome]:
+        if len(rows) == 1:
+            row = rows[0]
+            return {row.event_id: await self._publish_row(row, envelopes[row.event_id], send_by)}
+        return await self._publish_batch(rows, envelopes, send_by)
+
+    async def reconcile(self, row: ClaimedRow, envelope: Envelope) -> Outcome | NotFound:
+        return await self._get(row, envelope, suffix="-get")
+
     # --- single rows ---
 
-    async def publish(self, row: ClaimedRow, envelope: Envelope, *, send_by: float) -> Outcome:
+    async def _publish_row(self, row: ClaimedRow, envelope: Envelope, send_by: float) -> Outcome:
         """GET first if an earlier attempt may have landed, else POST; a 409 is reconciled."""
         if row.claimed_before:
-            found = await self._get(row, envelope)
+            found = await self.reconcile(row, envelope)
             if not isinstance(found, NotFound):
                 return found
         posted = await self._post(row, send_by)
@@ -323,7 +152,7 @@ class OjsSink:
         if not isinstance(found, NotFound):
             return found
         if posted.existing_job_id and posted.existing_job_id != row.event_id:
-            # A unique policy rejected ours in favour of an existing job (§1.5).
+            # A unique policy rejected ours in favour of an existing job (docs/ojs.md).
             return Published(sink_state="deduplicated", sink_job_id=posted.existing_job_id)
         return RetryLater(f"{posted.error}, yet GET finds no job with this id")
 
@@ -337,9 +166,7 @@ class OjsSink:
             answer if isinstance(answer, SinkDown) else classify_post(answer, row.event_id)
         )
 
-    async def _get(
-        self, row: ClaimedRow, envelope: Envelope, suffix: str = "-get"
-    ) -> Outcome | NotFound:
+    async def _get(self, row: ClaimedRow, envelope: Envelope, suffix: str) -> Outcome | NotFound:
         answer = await self._exchange(
             "GET",
             f"{JOBS_PATH}/{row.event_id}",
@@ -352,15 +179,20 @@ class OjsSink:
 
     # --- batches ---
 
-    async def batch_enabled(self) -> bool:
-        """`sink.batch`, or for `auto` the manifest's `capabilities.batch_enqueue` (cached)."""
+    async def _batch_enabled(self) -> bool:
+        """`sink.batch`, or for `auto` the manifest's `capabilities.batch_enqueue` (cached;
+        a manifest that does not answer in time means no batches for now)."""
         if self._settings.batch != "auto":
             return bool(self._batch_known)
         ttl = _MANIFEST_TTL_S if self._batch_known is not None else _MANIFEST_RETRY_S
         if time.monotonic() - self._batch_checked_at < ttl:
             return bool(self._batch_known)
         self._batch_checked_at = time.monotonic()
-        answer = await self._exchange("GET", MANIFEST_PATH, None, "relayd-manifest")
+        try:
+            async with asyncio.timeout(_MANIFEST_TIMEOUT_S):
+                answer = await self._exchange("GET", MANIFEST_PATH, None, "relayd-manifest")
+        except TimeoutError:
+            answer = SinkDown("the manifest did not answer in time")
         if isinstance(answer, SinkDown) or answer.status != 200:
             self._batch_known = None
             return False
@@ -371,28 +203,19 @@ class OjsSink:
         )
         return self._batch_known
 
-    def plan_batches(self, rows: Sequence[ClaimedRow]) -> list[list[ClaimedRow]]:
-        return plan_batches(
-            rows,
-            max_jobs=self._settings.batch_max_jobs,
-            max_bytes=self._settings.batch_max_bytes,
-        )
-
-    async def publish_batch(
-        self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope], *, send_by: float
+    async def _publish_batch(
+        self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope], send_by: float
     ) -> dict[str, Outcome]:
-        """First attempts through POST /jobs/batch (§1.7). A 400/422 naming an index
-        dead-letters that row, reconciles the rows before it (a server that stores items one
-        by one may hold them) and resends the rest; 413 (or a 400/422 naming none) splits;
-        any other failure leaves every row of the request ambiguous."""
+        """First attempts through POST /jobs/batch; see `classify_batch` for what each answer
+        leads to. A part left with one row is published as a single job."""
         outcomes: dict[str, Outcome] = {}
         pending = [list(rows)]
         while pending:
             chunk = pending.pop()
             if len(chunk) == 1:
                 row = chunk[0]
-                outcomes[row.event_id] = await self.publish(
-                    row, envelopes[row.event_id], send_by=send_by
+                outcomes[row.event_id] = await self._publish_row(
+                    row, envelopes[row.event_id], send_by
                 )
                 continue
             if _too_late(send_by):
@@ -408,53 +231,37 @@ class OjsSink:
                 self._noted(answer)
                 outcomes.update((row.event_id, answer) for row in chunk)
                 continue
-            status = answer.status
-            if 200 <= status < 300:
-                self._health.sink_ok()
-                outcomes.update(_batch_accepted(chunk, answer.body))
+            verdict = classify_batch(answer, chunk)
+            if isinstance(verdict, BatchFailed):
+                failed = self._noted(verdict.outcome)
+                outcomes.update((row.event_id, failed) for row in chunk)
                 continue
-            if status in (404, 405):
+            self._health.sink_ok()
+            if isinstance(verdict, BatchAccepted):
+                outcomes.update(verdict.outcomes)
+            elif isinstance(verdict, BatchNotServed):
                 # The manifest promised batches the server does not serve: publish singly.
                 self._batch_known, self._batch_checked_at = False, time.monotonic()
-                self._health.sink_ok()
                 outcomes.update((row.event_id, NotStarted()) for row in chunk)
-                continue
-            error = parse_error(answer.body)
-            index = error.details.get("index")
-            if status in (400, 422) and isinstance(index, int) and 0 <= index < len(chunk):
-                self._health.sink_ok()
-                bad = chunk[index]
-                reason = (
-                    DeadReason.SINK_REJECTED if status == 400 else DeadReason.SINK_UNPROCESSABLE
-                )
-                outcomes[bad.event_id] = DeadLetter(reason, error.describe(status))
-                earlier = await self._reconcile(chunk[:index], envelopes, outcomes)
-                rest = earlier + chunk[index + 1 :]
+            elif isinstance(verdict, BatchDrop):
+                outcomes[chunk[verdict.index].event_id] = verdict.dead
+                absent = await self._absent(chunk[: verdict.index], envelopes, outcomes)
+                rest = absent + chunk[verdict.index + 1 :]
                 if rest:
                     pending.append(rest)
-                continue
-            if status in (400, 413, 422):
-                self._health.sink_ok()
+            elif isinstance(verdict, BatchSplit):
                 half = len(chunk) // 2
                 pending.extend((chunk[:half], chunk[half:]))
-                continue
-            failed = self._noted(classify_post(answer, ""))
-            ambiguous: Outcome = (
-                failed
-                if isinstance(failed, SinkDown | RetryLater)
-                else RetryLater(error.describe(status))
-            )
-            outcomes.update((row.event_id, ambiguous) for row in chunk)
         return outcomes
 
-    async def _reconcile(
+    async def _absent(
         self,
         rows: Sequence[ClaimedRow],
         envelopes: Mapping[str, Envelope],
         outcomes: dict[str, Outcome],
     ) -> list[ClaimedRow]:
-        """GET each row (C2): record what the sink holds in `outcomes`; return the rows it
-        does not hold, which may be sent again."""
+        """Reconcile each row (C2): record what the sink holds in `outcomes`; return the rows
+        it does not hold, which may be sent again."""
         found = await asyncio.gather(
             *(self._get(row, envelopes[row.event_id], suffix="-batch-get") for row in rows)
         )
@@ -500,39 +307,3 @@ class OjsSink:
 
 def _too_late(send_by: float) -> bool:
     return asyncio.get_running_loop().time() > send_by
-
-
-def secret_forms(secret: str) -> tuple[bytes, ...]:
-    """The byte strings under which `secret` may appear in an answer: as sent, and as JSON
-    encoders escape it (with or without non-ASCII escapes, an escaped `/`, Go's escaped
-    `<`, `>` and `&`); longest first, so no form is left half replaced."""
-    forms = {secret}
-    for ascii_only in (True, False):
-        escaped = json.dumps(secret, ensure_ascii=ascii_only)[1:-1]
-        go = escaped.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-        forms.update((escaped, escaped.replace("/", "\\/"), go))
-    return tuple(sorted((form.encode() for form in forms), key=len, reverse=True))
-
-
-def redact(body: bytes, secrets: Sequence[bytes]) -> bytes:
-    for secret in secrets:
-        body = body.replace(secret, b"***")
-    return body
-
-
-def _batch_accepted(chunk: Sequence[ClaimedRow], body: bytes) -> dict[str, Outcome]:
-    data = parse_json(body)
-    jobs = data.get("jobs") if isinstance(data, dict) else None
-    states: dict[str, str] = {}
-    if isinstance(jobs, list):
-        for job in jobs:
-            if isinstance(job, dict) and isinstance(job.get("id"), str):
-                states[job["id"]] = str(job.get("state") or "accepted")
-    return {
-        row.event_id: (
-            Published(sink_state=states[row.event_id])
-            if row.event_id in states
-            else RetryLater("the batch was accepted but its answer does not list this id")
-        )
-        for row in chunk
-    }

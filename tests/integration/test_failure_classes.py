@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -222,11 +223,15 @@ async def test_a_bug_while_publishing_names_the_row_and_drains_the_rest(
     real_publish = OjsSink.publish
 
     async def buggy_publish(
-        self: OjsSink, row: ClaimedRow, envelope: Envelope, *, send_by: float
-    ) -> Outcome:
-        if row.event_id == cursed:
+        self: OjsSink,
+        rows: Sequence[ClaimedRow],
+        envelopes: Mapping[str, Envelope],
+        *,
+        send_by: float,
+    ) -> dict[str, Outcome]:
+        if any(row.event_id == cursed for row in rows):
             raise ZeroDivisionError("a bug")
-        return await real_publish(self, row, envelope, send_by=send_by)
+        return await real_publish(self, rows, envelopes, send_by=send_by)
 
     monkeypatch.setattr(OjsSink, "publish", buggy_publish)
     settings = relay_settings(

@@ -223,13 +223,15 @@ async def test_no_post_leaves_after_the_start_by_time(emulator: RunningEmulator)
         rows = [claimed() for _ in range(3)]
         envelopes = {row.event_id: Envelope.parse(row.job, row.event_id) for row in rows}
         past = asyncio.get_running_loop().time() - 0.001
-        assert await sink.publish(rows[0], envelopes[rows[0].event_id], send_by=past) == (
-            NotStarted()
-        )
-        outcomes = await sink.publish_batch(rows, envelopes, send_by=past)
+        assert await sink.publish(rows[:1], envelopes, send_by=past) == {
+            rows[0].event_id: NotStarted()
+        }
+        outcomes = await sink.publish(rows, envelopes, send_by=past)
         assert outcomes == {row.event_id: NotStarted() for row in rows}
         again = dataclasses.replace(rows[1], previous_attempt_at=datetime.now(UTC))
-        assert await sink.publish(again, envelopes[again.event_id], send_by=past) == NotStarted()
+        assert await sink.publish([again], envelopes, send_by=past) == {
+            again.event_id: NotStarted()
+        }
     finally:
         await sink.close()
     assert emulator.emulator.ledger()[rows[1].event_id].gets == 1  # the GET went out

@@ -1,4 +1,5 @@
-"""The OJS answer -> outcome table (ojs-protocol.md §1.10) and the semantic compare (§1.6)."""
+"""The OJS answer -> outcome tables (docs/ojs.md#outcomes) for POST, GET and batch answers,
+and the comparison by meaning after a GET (docs/contract.md#c2)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,21 @@ from relayd.models import (
     DeadLetter,
     DeadReason,
     Envelope,
+    NotFound,
     Published,
     Reconcile,
     RetryLater,
     SinkDown,
 )
-from relayd.sinks.ojs import (
-    NotFound,
+from relayd.sinks.ojs_answers import (
+    BatchAccepted,
+    BatchDrop,
+    BatchFailed,
+    BatchNotServed,
+    BatchSplit,
+    BatchVerdict,
     Response,
+    classify_batch,
     classify_exception,
     classify_get,
     classify_post,
@@ -294,3 +302,88 @@ def test_plan_batches_bounds_jobs_and_bytes() -> None:
     batches = plan_batches(rows, max_jobs=100, max_bytes=1_000)
     assert all(sum(len(r.job) + 1 for r in b) + 11 <= 1_000 for b in batches)
     assert [r for b in batches for r in b] == rows
+
+
+def _batch_rows(count: int) -> list[Any]:
+    from tests.unit.test_models import claimed  # noqa: PLC0415
+
+    return [claimed() for _ in range(count)]
+
+
+BATCH = _batch_rows(4)
+
+
+def _listed(*rows: Any, state: str = "available") -> dict[str, Any]:
+    return {"jobs": [{"id": row.event_id, "state": state} for row in rows], "count": len(rows)}
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (
+            _answer(201, _listed(*BATCH)),
+            BatchAccepted({row.event_id: Published("available") for row in BATCH}),
+        ),
+        (
+            # An answer that leaves a row out proves nothing about that row.
+            _answer(201, _listed(*BATCH[:3], state="scheduled")),
+            BatchAccepted(
+                {row.event_id: Published("scheduled") for row in BATCH[:3]}
+                | {
+                    BATCH[3].event_id: RetryLater(
+                        "the batch was accepted but its answer does not list this id"
+                    )
+                }
+            ),
+        ),
+        (
+            _answer(201, b"<html>ok</html>"),
+            BatchAccepted(
+                {
+                    row.event_id: RetryLater(
+                        "the batch was accepted but its answer does not list this id"
+                    )
+                    for row in BATCH
+                }
+            ),
+        ),
+        (
+            _answer(400, _err("invalid_request", index=2)),
+            BatchDrop(2, DeadLetter(DeadReason.SINK_REJECTED, "HTTP 400: invalid_request: m")),
+        ),
+        (
+            _answer(422, _err("validation_error", index=0)),
+            BatchDrop(
+                0, DeadLetter(DeadReason.SINK_UNPROCESSABLE, "HTTP 422: validation_error: m")
+            ),
+        ),
+        (_answer(400, _err("invalid_request", index=4)), BatchSplit()),  # not an item of ours
+        (_answer(400, _err("invalid_request", index=True)), BatchSplit()),  # not an index
+        (_answer(400, _err("invalid_request")), BatchSplit()),
+        (_answer(413, _err("invalid_request")), BatchSplit()),
+        (_answer(422, b"too big"), BatchSplit()),
+        (_answer(404, _err("not_found")), BatchNotServed()),
+        (_answer(405, b""), BatchNotServed()),
+        (
+            _answer(503, _err("backend_error"), retry_after="3"),
+            BatchFailed(SinkDown("HTTP 503: backend_error: m", retry_after_s=3.0)),
+        ),
+        (
+            _answer(403, _err("forbidden")),
+            BatchFailed(SinkDown("HTTP 403: forbidden: m (check sink.token_file)", severe=True)),
+        ),
+        (
+            # A 409 on a batch (a unique reject part-way): every row is reconciled next time.
+            _answer(409, _err("duplicate", index=1)),
+            BatchFailed(RetryLater("HTTP 409: duplicate: m")),
+        ),
+        (
+            _answer(409, _err("queue_paused"), retry_after="5"),
+            BatchFailed(RetryLater("HTTP 409: queue_paused: m", 5.0)),
+        ),
+    ],
+)
+def test_classify_batch(answer: Response, expected: BatchVerdict) -> None:
+    """Each batch answer maps to one verdict: accepted, drop item i, split, not served, or
+    failed (every row ambiguous)."""
+    assert classify_batch(answer, BATCH) == expected

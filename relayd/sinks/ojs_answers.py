@@ -1,0 +1,341 @@
+"""What an OJS server's answers mean, without doing I/O: the classification of every POST,
+GET and batch answer into an outcome value, lenient error bodies, the comparison of a job
+by meaning after a GET (C2), batch planning, and keeping the sink token out of error text.
+
+Everything here is a pure function of its arguments and is tested as a table
+(tests/unit/test_classify.py); `relayd/sinks/ojs.py` moves the bytes. The OJS facts these
+rules follow are in docs/ojs.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from relayd import jsonvalue
+from relayd.jsonvalue import equal
+from relayd.models import (
+    DEFAULT_QUEUE,
+    ClaimedRow,
+    DeadLetter,
+    DeadReason,
+    Envelope,
+    NotFound,
+    Outcome,
+    Published,
+    Reconcile,
+    RetryLater,
+    SinkDown,
+)
+from relayd.retry import parse_retry_after
+
+MEDIA_TYPE = "application/openjobspec+json"
+JOBS_PATH = "/ojs/v1/jobs"
+BATCH_PATH = "/ojs/v1/jobs/batch"
+MANIFEST_PATH = "/ojs/manifest"
+_BATCH_OVERHEAD_BYTES = len(b'{"jobs":[]}')
+_MESSAGE_CHARS = 200
+# The SCREAMING_SNAKE error taxonomy some OJS documents use, mapped onto the servers' codes.
+_ALIASES = {"duplicate_job": "duplicate"}
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    body: bytes
+    retry_after: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SinkError:
+    """An error body, parsed leniently (wrapped, unwrapped or a bare string code)."""
+
+    code: str | None
+    message: str | None
+    details: Mapping[str, Any]
+
+    def describe(self, status: int) -> str:
+        parts = [f"HTTP {status}"]
+        if self.code:
+            parts.append(self.code)
+        if self.message:
+            parts.append(self.message[:_MESSAGE_CHARS])
+        return ": ".join(parts) if len(parts) > 1 else parts[0]
+
+
+def parse_json(body: bytes) -> Any:
+    """The body as JSON, or None if it is not JSON relayd can read (never raises)."""
+    try:
+        return jsonvalue.loads(body)
+    except jsonvalue.JsonError:
+        return None
+
+
+def parse_error(body: bytes) -> SinkError:
+    """`{"error": {...}}`, `{"code": ...}` or `{"error": "Code", "message": ...}` (§1.4)."""
+    data = parse_json(body)
+    if not isinstance(data, dict):
+        return SinkError(code=None, message=None, details={})
+    inner = data.get("error")
+    source = inner if isinstance(inner, dict) else data
+    code = inner if isinstance(inner, str) else source.get("code")
+    message = source.get("message")
+    details = source.get("details")
+    normal = code.lower() if isinstance(code, str) else None
+    return SinkError(
+        code=_ALIASES.get(normal, normal) if normal else None,
+        message=message if isinstance(message, str) else None,
+        details=details if isinstance(details, dict) else {},
+    )
+
+
+def _job_of(body: bytes) -> dict[str, Any] | None:
+    data = parse_json(body)
+    job = data.get("job") if isinstance(data, dict) else None
+    return job if isinstance(job, dict) and isinstance(job.get("id"), str) else None
+
+
+def classify_post(response: Response, event_id: str) -> Outcome | Reconcile:
+    """What one POST /ojs/v1/jobs answer means for the row (ojs-protocol.md §1.10)."""
+    status = response.status
+    if 200 <= status < 300:
+        job = _job_of(response.body)
+        if job is None:
+            # Accepted, but by whom? A proxy's 200 page is not an OJS acceptance: reconcile.
+            return RetryLater(f"HTTP {status} with an unreadable body")
+        state = str(job.get("state") or "accepted")
+        if job["id"] == event_id:
+            return Published(sink_state=state)
+        # 200 with another id: the sink's unique policy kept an existing job instead.
+        return Published(sink_state="deduplicated", sink_job_id=job["id"])
+    error = parse_error(response.body)
+    text = error.describe(status)
+    if error.code == "queue_paused":
+        return RetryLater(text, parse_retry_after(response.retry_after))
+    if status == 409:
+        existing = error.details.get("existing_job_id")
+        return Reconcile(text, existing if isinstance(existing, str) else None)
+    if status == 400:
+        return DeadLetter(DeadReason.SINK_REJECTED, text)
+    if status == 413:
+        return DeadLetter(DeadReason.SINK_TOO_LARGE, text)
+    if status == 422:
+        return DeadLetter(DeadReason.SINK_UNPROCESSABLE, text)
+    return _failure(status, text, parse_retry_after(response.retry_after), method="POST")
+
+
+def _failure(status: int, text: str, retry_after_s: float | None, *, method: str) -> Outcome:
+    """Statuses that say nothing about the row itself."""
+    if status in (401, 403):
+        return SinkDown(f"{text} (check sink.token_file)", severe=True)
+    if (status in (404, 405) and method == "POST") or status == 415 or 300 <= status < 400:
+        return SinkDown(f"{text} (check sink.url)", severe=True)
+    if status in (408, 429) or status >= 500:
+        return SinkDown(text, retry_after_s=retry_after_s)
+    return RetryLater(text, retry_after_s)
+
+
+def classify_get(response: Response, envelope: Envelope) -> Outcome | NotFound:
+    """What GET /ojs/v1/jobs/{id} says about our envelope (C2)."""
+    if response.status == 404:
+        return NotFound()
+    if response.status == 200:
+        job = _job_of(response.body)
+        if job is None:
+            return RetryLater("GET: HTTP 200 with an unreadable body")
+        diff = differences(envelope, job)
+        if diff:
+            return DeadLetter(
+                DeadReason.CONFLICT,
+                f"the sink holds a different job under this id ({', '.join(diff)} differ)",
+            )
+        return Published(sink_state=str(job.get("state") or "unknown"), reconciled=True)
+    error = parse_error(response.body)
+    return _failure(
+        response.status,
+        "GET: " + error.describe(response.status),
+        parse_retry_after(response.retry_after),
+        method="GET",
+    )
+
+
+def differences(envelope: Envelope, job: Mapping[str, Any]) -> list[str]:
+    """The immutable fields on which the sink's job differs from ours, compared by meaning
+    (ojs-protocol.md §1.6): id and type exactly, the effective queue, args by value, only the
+    meta keys we sent, and the priority and tags we sent."""
+    found: list[str] = []
+    if job.get("id") != envelope.id:
+        found.append("id")
+    if job.get("type") != envelope.type:
+        found.append("type")
+    if (job.get("queue") or DEFAULT_QUEUE) != envelope.queue:
+        found.append("queue")
+    if not equal(job.get("args"), envelope.args):
+        found.append("args")
+    meta = job.get("meta")
+    meta = meta if isinstance(meta, dict) else {}
+    if any(key not in meta or not equal(meta[key], v) for key, v in envelope.meta.items()):
+        found.append("meta")
+    if envelope.priority is not None and not equal(job.get("priority"), envelope.priority):
+        found.append("priority")
+    if envelope.tags is not None and not equal(job.get("tags"), envelope.tags):
+        found.append("tags")
+    return found
+
+
+def classify_exception(exc: BaseException) -> SinkDown:
+    """A transport failure. `reached` is False only when no byte can have been stored."""
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return SinkDown(f"TLS failure: {type(exc).__name__}", reached=False, severe=True)
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return SinkDown("connect timed out", reached=False)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        reason = exc.os_error.strerror or type(exc.os_error).__name__
+        return SinkDown(f"cannot connect: {reason}", reached=False)
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return SinkDown("the server closed the connection without an answer")
+    if isinstance(exc, aiohttp.ClientOSError):
+        return SinkDown(f"connection failed mid-request: {exc.strerror or type(exc).__name__}")
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        return SinkDown("read timed out")
+    return SinkDown(f"HTTP client error: {type(exc).__name__}")
+
+
+def request_id(event_id: str, attempt: int, suffix: str = "") -> str:
+    """`X-Request-Id`, stable per row and attempt, so sink logs can be joined to ours."""
+    return f"relayd-{event_id}-{attempt}{suffix}"
+
+
+# --- batches --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BatchAccepted:
+    """2xx: each row's outcome (a row the answer does not list is left ambiguous)."""
+
+    outcomes: dict[str, Outcome]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDrop:
+    """400/422 naming item `index`: that row is dead-lettered. The items before it may have
+    been stored by a server that stores one by one, so they are reconciled before they are
+    sent again; the items after it were not stored."""
+
+    index: int
+    dead: DeadLetter
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSplit:
+    """413, or 400/422 naming no item: the body as a whole was refused; send it in halves."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchNotServed:
+    """404/405: the server does not serve batches after all; publish the rows one by one."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFailed:
+    """Any other answer: every row of the request is ambiguous (batches are not reliably
+    atomic), so each is reconciled on its next attempt."""
+
+    outcome: SinkDown | RetryLater
+
+
+BatchVerdict = BatchAccepted | BatchDrop | BatchSplit | BatchNotServed | BatchFailed
+
+
+def classify_batch(response: Response, chunk: Sequence[ClaimedRow]) -> BatchVerdict:
+    """What one POST /ojs/v1/jobs/batch answer means for the rows it carried."""
+    status = response.status
+    if 200 <= status < 300:
+        return BatchAccepted(_batch_accepted(chunk, response.body))
+    if status in (404, 405):
+        return BatchNotServed()
+    error = parse_error(response.body)
+    index = _index(error.details.get("index"), len(chunk))
+    if status in (400, 422) and index is not None:
+        reason = DeadReason.SINK_REJECTED if status == 400 else DeadReason.SINK_UNPROCESSABLE
+        return BatchDrop(index, DeadLetter(reason, error.describe(status)))
+    if status in (400, 413, 422):
+        return BatchSplit()
+    failed = classify_post(response, "")
+    if isinstance(failed, SinkDown | RetryLater):
+        return BatchFailed(failed)
+    return BatchFailed(RetryLater(error.describe(status)))
+
+
+def _batch_accepted(chunk: Sequence[ClaimedRow], body: bytes) -> dict[str, Outcome]:
+    data = parse_json(body)
+    jobs = data.get("jobs") if isinstance(data, dict) else None
+    states: dict[str, str] = {}
+    if isinstance(jobs, list):
+        for job in jobs:
+            if isinstance(job, dict) and isinstance(job.get("id"), str):
+                states[job["id"]] = str(job.get("state") or "accepted")
+    return {
+        row.event_id: (
+            Published(sink_state=states[row.event_id])
+            if row.event_id in states
+            else RetryLater("the batch was accepted but its answer does not list this id")
+        )
+        for row in chunk
+    }
+
+
+def _index(value: object, length: int) -> int | None:
+    """`details.index` if it names an item of the request."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < length:
+        return value
+    return None
+
+
+def batch_body(rows: Sequence[ClaimedRow]) -> bytes:
+    """The stored envelopes, unchanged, inside `{"jobs": [...]}`."""
+    return b'{"jobs":[' + b",".join(row.job for row in rows) + b"]}"
+
+
+def plan_batches(
+    rows: Sequence[ClaimedRow], *, max_jobs: int, max_bytes: int
+) -> list[list[ClaimedRow]]:
+    """Split rows into batch requests of at most `max_jobs` jobs and `max_bytes` bytes."""
+    batches: list[list[ClaimedRow]] = []
+    current: list[ClaimedRow] = []
+    size = _BATCH_OVERHEAD_BYTES
+    for row in rows:
+        row_bytes = len(row.job) + 1
+        if current and (len(current) >= max_jobs or size + row_bytes > max_bytes):
+            batches.append(current)
+            current, size = [], _BATCH_OVERHEAD_BYTES
+        current.append(row)
+        size += row_bytes
+    if current:
+        batches.append(current)
+    return batches
+
+
+# --- secrets ---------------------------------------------------------------------------
+
+
+def secret_forms(secret: str) -> tuple[bytes, ...]:
+    """The byte strings under which `secret` may appear in an answer: as sent, and as JSON
+    encoders escape it (with or without non-ASCII escapes, an escaped `/`, Go's escaped
+    `<`, `>` and `&`); longest first, so no form is left half replaced."""
+    forms = {secret}
+    for ascii_only in (True, False):
+        escaped = json.dumps(secret, ensure_ascii=ascii_only)[1:-1]
+        go = escaped.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+        forms.update((escaped, escaped.replace("/", "\\/"), go))
+    return tuple(sorted((form.encode() for form in forms), key=len, reverse=True))
+
+
+def redact(body: bytes, secrets: Sequence[bytes]) -> bytes:
+    for secret in secrets:
+        body = body.replace(secret, b"***")
+    return body

@@ -1,0 +1,144 @@
+"""The settlement plan: which fenced UPDATE records each outcome, and the refund and
+max-attempts rules (docs/contract.md#c5, #c6)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from relayd.models import (
+    ClaimedRow,
+    DeadLetter,
+    DeadReason,
+    NotStarted,
+    Outcome,
+    Published,
+    RetryLater,
+    SinkDown,
+)
+from relayd.retry import Backoff
+from relayd.settlement import Settled, SettlementPlan, plan
+from tests.unit.test_models import claimed
+
+MAX_ATTEMPTS = 3
+RESET = SinkDown("connection reset mid-request")  # reached the sink, not severe
+REFUSED = SinkDown("cannot connect: Connection refused", reached=False)
+FORBIDDEN = SinkDown("HTTP 403: forbidden", severe=True)
+ODD = RetryLater("HTTP 418")
+
+
+def _row(attempts: int) -> ClaimedRow:
+    return dataclasses.replace(claimed(), attempts=attempts)
+
+
+def _plan(row: ClaimedRow, outcome: Outcome | None, *, sink_wide: bool = False) -> SettlementPlan:
+    outcomes = {} if outcome is None else {row.event_id: outcome}
+    backoff = Backoff(base_s=1.0, cap_s=30.0, rng=random.Random(7))
+    return plan([row], outcomes, max_attempts=MAX_ATTEMPTS, backoff=backoff, sink_wide=sink_wide)
+
+
+def _where(settlement: SettlementPlan) -> str:
+    """The one group holding the single planned row."""
+    groups = {
+        "published": settlement.published.rows,
+        "retried": settlement.retried.rows,
+        "dead": settlement.dead.rows,
+        "released": settlement.released.rows,
+    }
+    [name] = [name for name, rows in groups.items() if rows]
+    return name
+
+
+@pytest.mark.parametrize(
+    ("attempts", "outcome", "sink_wide", "group", "refund", "reason"),
+    [
+        # Settled at once, whatever the attempt count.
+        (1, Published("available"), False, "published", None, None),
+        (9, Published("completed", reconciled=True), False, "published", None, None),
+        (1, DeadLetter(DeadReason.CONFLICT, "differs"), False, "dead", None, "conflict"),
+        (1, NotStarted(), False, "released", None, None),
+        (1, None, False, "released", None, None),  # no outcome: never sent
+        # The row's own failures count, and exhaust it at max_attempts (C5, C6).
+        (1, ODD, False, "retried", 0, None),
+        (2, ODD, True, "retried", 0, None),  # a RetryLater is never refunded
+        (3, ODD, False, "dead", None, "max_attempts"),
+        (3, ODD, True, "dead", None, "max_attempts"),
+        (1, RESET, False, "retried", 0, None),
+        (3, RESET, False, "dead", None, "max_attempts"),
+        # The sink's failures are refunded: they never exhaust a row (C5).
+        (3, RESET, True, "retried", 1, None),  # breaker not closed, or stopping
+        (3, REFUSED, False, "retried", 1, None),  # the request never left
+        (7, FORBIDDEN, False, "retried", 1, None),  # every row fails alike until fixed
+    ],
+)
+def test_each_outcome_lands_in_one_fenced_update(
+    attempts: int,
+    outcome: Outcome | None,
+    sink_wide: bool,
+    group: str,
+    refund: int | None,
+    reason: str | None,
+) -> None:
+    """Published, dead, released and retried rows go to their own settle statement; the
+    refund and max-attempts rules decide between retry and dead letter."""
+    settlement = _plan(_row(attempts), outcome, sink_wide=sink_wide)
+    assert _where(settlement) == group
+    if refund is not None:
+        assert settlement.retried.refunds == [refund]
+    if reason is not None:
+        assert settlement.dead.reasons == [reason]
+
+
+def test_retry_after_is_honoured_and_capped() -> None:
+    """A server's Retry-After sets the delay (capped at cap_s); otherwise full jitter."""
+    row = _row(1)
+    assert _plan(row, RetryLater("HTTP 409: queue_paused", 12.0)).retried.delays_s == [12.0]
+    assert _plan(row, SinkDown("HTTP 429", retry_after_s=1e9)).retried.delays_s == [30.0]
+    [jittered] = _plan(row, ODD).retried.delays_s
+    assert 0.0 <= jittered <= 1.0
+
+
+def test_errors_are_cleaned_for_last_error() -> None:
+    """Control characters become spaces and the text is bounded to 512 bytes."""
+    settlement = _plan(_row(1), RetryLater("line\nbreak\x00" + "é" * 600))
+    [error] = settlement.retried.errors
+    assert "\n" not in error
+    assert "\x00" not in error
+    assert len(error.encode()) <= 512
+
+
+def test_columns_keep_row_order_across_a_claim() -> None:
+    """Each group's columns line up with its rows, in claim order."""
+    rows = [_row(1) for _ in range(6)]
+    outcomes: dict[str, Outcome] = {
+        rows[0].event_id: Published("available"),
+        rows[1].event_id: ODD,
+        rows[2].event_id: Published("scheduled"),
+        rows[3].event_id: DeadLetter(DeadReason.SINK_REJECTED, "HTTP 400"),
+        rows[4].event_id: NotStarted(),
+    }
+    backoff = Backoff(base_s=1.0, cap_s=30.0, rng=random.Random(1))
+    settlement = plan(rows, outcomes, max_attempts=3, backoff=backoff, sink_wide=False)
+    assert settlement.published.rows == [rows[0], rows[2]]
+    assert settlement.published.sink_states == ["available", "scheduled"]
+    assert settlement.retried.rows == [rows[1]]
+    assert settlement.dead.rows == [rows[3]]
+    assert settlement.dead.reasons == ["sink_rejected"]
+    assert settlement.released.rows == [rows[4], rows[5]]
+    assert settlement.released.previous_attempt_at == [None, None]
+
+
+def test_settled_outcomes_name_metrics_labels_and_log_events() -> None:
+    """One enum serves the outcome label and the log event name of every settled row."""
+    assert [s.value for s in Settled] == [
+        "published",
+        "reconciled",
+        "retried",
+        "dead",
+        "released",
+        "stale",
+    ]
+    assert Settled.DEAD.event == "relay.dead_lettered"
+    assert Settled.RETRIED.event == "relay.retry_scheduled"
