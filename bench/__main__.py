@@ -23,10 +23,9 @@ from pathlib import Path
 import aiohttp
 import asyncpg
 
-from relayd.migrate import migrate
+from relayd.migrate import connect_and_migrate
 from relayd.models import OutboxTable
 from relayd.producer import enqueue_many, new_job
-from relayd.store import Store
 from relayd.testing.postgres import EmbeddedPostgres
 from relayd.testing.processes import emulator_process, free_port, relay_process
 
@@ -35,11 +34,7 @@ GUIDE_TIMEOUT_S = 600
 
 async def _outbox(dsn: str, name: str, rows: int) -> OutboxTable:
     table = OutboxTable.parse(f"bench.{name}")
-    store = await Store.connect(dsn, table, max_size=2)
-    try:
-        await migrate(store)
-    finally:
-        await store.close()
+    await connect_and_migrate(dsn, table)
     conn = await asyncpg.connect(dsn)
     try:
         for start in range(0, rows, 1000):

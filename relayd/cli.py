@@ -131,23 +131,17 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from relayd.migrate import migrate  # noqa: PLC0415
-    from relayd.store import Store  # noqa: PLC0415
+    from relayd.migrate import connect_and_migrate  # noqa: PLC0415
 
     settings = _settings(args)
 
     async def apply() -> dict[str, Any]:
-        store = await Store.connect(
+        report = await connect_and_migrate(
             settings.dsn,
             settings.outbox.outbox_table,
-            max_size=2,
             connect_timeout_s=settings.database.connect_timeout_s,
             statement_timeout_s=max(settings.database.statement_timeout_s, 300.0),
         )
-        try:
-            report = await migrate(store)
-        finally:
-            await store.close()
         return {
             "table": settings.outbox.table,
             "applied": [f"{m.version:04d}_{m.name}" for m in report.applied],

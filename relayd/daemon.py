@@ -10,22 +10,25 @@ drain, and the daemon exits 1.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import signal
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 
+from relayd import reconnect
 from relayd.cleanup import clean_published
 from relayd.config import Settings, parse_listen
 from relayd.errors import EXIT_FAILURE, EXIT_OK, DatabaseUnavailable, WorkerCrashed
 from relayd.logs import configure_logging, get_logger
 from relayd.metrics import RelayMetrics
+from relayd.reconnect import DatabaseRetry
 from relayd.relay import BreakerGate, RelayContext, RelayWorker
-from relayd.retry import DATABASE_RETRY, Backoff, BreakerState, CircuitBreaker
+from relayd.retry import Backoff, BreakerState, CircuitBreaker
 from relayd.sinks.ojs import OjsSink
 from relayd.store import Store
-from relayd.wakeup import Wakeup, listen_for_inserts, wait_event
+from relayd.wakeup import Wakeup, listen_for_inserts
 from relayd.web import make_app, start_web
 
 # After the grace period, how long settling (and releasing) may still take before we give up
@@ -56,6 +59,9 @@ class Daemon:
         self.ready = asyncio.Event()
         self.workers: list[RelayWorker] = []
         self._wakeup = Wakeup()
+        self._database = DatabaseRetry(
+            Backoff(base_s=reconnect.BASE_S, cap_s=reconnect.CAP_S, rng=self._rng), self.metrics
+        )
         self._gate: BreakerGate | None = None
         self._hard_stop: asyncio.Timeout | None = None
         self._grace_ends: float | None = None
@@ -133,7 +139,9 @@ class Daemon:
                         if settings.relay.listen:
                             tasks.create_task(
                                 self._supervised(
-                                    listen_for_inserts(ctx.store, self._wakeup, self.stopping),
+                                    listen_for_inserts(
+                                        ctx.store, self._wakeup, self.stopping, self._database
+                                    ),
                                     "wakeup-listener",
                                 ),
                                 name="wakeup-listener",
@@ -196,27 +204,22 @@ class Daemon:
         return self._grace_ends + SETTLE_BOUND_S
 
     async def _connect(self) -> Store | None:
-        """Open the pool, retrying with backoff while PostgreSQL is unreachable."""
+        """Open the pool, retrying with backoff while PostgreSQL is unreachable; None if
+        the daemon was stopped first."""
         database = self.settings.database
-        failures = 0
-        while not self.stopping.is_set():
-            try:
-                return await Store.connect(
-                    self.settings.dsn,
-                    self.settings.outbox.outbox_table,
-                    max_size=database.pool_max_size or self.settings.relay.workers + 2,
-                    connect_timeout_s=database.connect_timeout_s,
-                    statement_timeout_s=database.statement_timeout_s,
-                )
-            except DatabaseUnavailable as exc:
-                failures += 1
-                self.metrics.database_errors.inc()
-                delay_s = DATABASE_RETRY.delay_s(failures)
-                self._log.warning(
-                    "daemon.database_unavailable", error=str(exc), retry_in_s=round(delay_s, 2)
-                )
-                await wait_event(self.stopping, delay_s)
-        return None
+        return await self._database.call(
+            functools.partial(
+                Store.connect,
+                self.settings.dsn,
+                self.settings.outbox.outbox_table,
+                max_size=database.pool_max_size or self.settings.relay.workers + 2,
+                connect_timeout_s=database.connect_timeout_s,
+                statement_timeout_s=database.statement_timeout_s,
+            ),
+            log=self._log,
+            event="daemon.database_unavailable",
+            stopping=self.stopping,
+        )
 
     def make_context(self, store: Store) -> RelayContext:
         """The shared state of this process's workers (the breaker, the sink, the slots)."""
@@ -237,6 +240,7 @@ class Daemon:
             stopping=self.stopping,
             metrics=self.metrics,
             backoff=Backoff(base_s=retry.base_s, cap_s=retry.cap_s, rng=self._rng),
+            database=self._database,
             slots=asyncio.Semaphore(self.settings.sink.concurrency),
             on_idle=self.stop if self._until_idle else None,
         )

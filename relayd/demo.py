@@ -28,11 +28,10 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from relayd.migrate import migrate
+from relayd.migrate import connect_and_migrate
 from relayd.models import Envelope, OutboxTable
 from relayd.producer import enqueue, enqueue_many, new_job, uuid7
 from relayd.sinks.ojs_answers import differences
-from relayd.store import Store
 from relayd.testing.postgres import EmbeddedPostgres
 from relayd.testing.processes import emulator_process, free_port, relay_process, terminate
 
@@ -89,11 +88,7 @@ async def _demo(rows: int) -> int:
             await http.post(f"{sink_url}/_emulator/faults", json=DEMO_FAULTS)
         print("  sink faults   2 batch answers and 3 single answers lost after storing; 3 x 503")
 
-        store = await Store.connect(dsn, TABLE, max_size=2)
-        try:
-            report = await migrate(store)
-        finally:
-            await store.close()
+        report = await connect_and_migrate(dsn, TABLE)
         names = ", ".join(f"{m.version:04d}_{m.name}" for m in report.applied)
         print(f"  migrate       applied {names} to {TABLE}")
 

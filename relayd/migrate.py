@@ -77,3 +77,25 @@ async def migrate(store: Store, migrations: list[Migration] | None = None) -> Mi
     applied = [by_version[v] for v in applied_now]
     already = [by_version[e.version] for e in ledger if e.version in by_version]
     return MigrationReport(applied=applied, already=already)
+
+
+async def connect_and_migrate(
+    dsn: str,
+    table: OutboxTable,
+    *,
+    connect_timeout_s: float = 10.0,
+    statement_timeout_s: float = 300.0,
+) -> MigrationReport:
+    """Connect, migrate `table`, close: what `relayd migrate` does. Adopting a large outbox
+    may take a while, hence a statement timeout of at least five minutes by default."""
+    store = await Store.connect(
+        dsn,
+        table,
+        max_size=2,
+        connect_timeout_s=connect_timeout_s,
+        statement_timeout_s=statement_timeout_s,
+    )
+    try:
+        return await migrate(store)
+    finally:
+        await store.close()

@@ -17,6 +17,7 @@ Invariants (design.md §1):
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -38,7 +39,8 @@ from relayd.models import (
     RetryLater,
     timed_out,
 )
-from relayd.retry import DATABASE_RETRY, Backoff, BreakerState, CircuitBreaker, Permit
+from relayd.reconnect import DatabaseRetry
+from relayd.retry import Backoff, BreakerState, CircuitBreaker, Permit
 from relayd.settlement import (
     DeadRows,
     PublishedRows,
@@ -51,7 +53,7 @@ from relayd.settlement import (
 )
 from relayd.sinks import Sink
 from relayd.store import Store
-from relayd.wakeup import Wakeup, wait_event
+from relayd.wakeup import Wakeup
 
 # An idle worker never sleeps less than this, even when a row is due "now" but was locked by
 # another claimer at the instant we looked.
@@ -122,6 +124,7 @@ class RelayContext:
     stopping: asyncio.Event
     metrics: RelayMetrics
     backoff: Backoff
+    database: DatabaseRetry
     slots: asyncio.Semaphore
     # Called when a worker finds nothing to claim and nothing pending at all (not even in
     # backoff or leased): the run-until-idle mode stops the daemon there.
@@ -167,12 +170,13 @@ class RelayWorker:
                 found_work = await self.cycle(permit)
             except DatabaseUnavailable as exc:
                 db_failures += 1
-                self._ctx.metrics.database_errors.inc()
-                delay_s = DATABASE_RETRY.delay_s(db_failures)
-                self._log.warning(
-                    "relay.database_unavailable", error=str(exc), retry_in_s=round(delay_s, 2)
+                await self._ctx.database.wait(
+                    db_failures,
+                    exc,
+                    log=self._log,
+                    event="relay.database_unavailable",
+                    stopping=self._ctx.stopping,
                 )
-                await wait_event(self._ctx.stopping, delay_s)
                 continue
             db_failures = 0
             if not found_work:
@@ -406,23 +410,21 @@ class RelayWorker:
         """Run one settle statement, retrying while PostgreSQL is away until the lease would
         have expired anyway (after that another owner may hold the rows, and the fence makes
         our write a no-op); None if abandoned. Returns the ids this owner still held."""
-        loop = asyncio.get_running_loop()
-        failures = 0
-        while True:
-            try:
-                return await statement(*args)
-            except DatabaseUnavailable as exc:
-                failures += 1
-                self._ctx.metrics.database_errors.inc()
-                if loop.time() >= claim.lease_ends:
-                    self._log.error(
-                        "relay.settle_abandoned",
-                        statement=statement.__name__,
-                        rows=len(claim.rows),
-                        error=str(exc),
-                    )
-                    return None
-                await asyncio.sleep(DATABASE_RETRY.delay_s(failures))
+        try:
+            return await self._ctx.database.call(
+                functools.partial(statement, *args),
+                log=self._log.bind(statement=statement.__name__),
+                event="relay.settle_delayed",
+                until=claim.lease_ends,
+            )
+        except DatabaseUnavailable as exc:
+            self._log.error(
+                "relay.settle_abandoned",
+                statement=statement.__name__,
+                rows=len(claim.rows),
+                error=str(exc),
+            )
+            return None
 
     # --- accounting: metrics and one log event per settled row ---------------------------
 

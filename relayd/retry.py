@@ -58,11 +58,6 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
         return None
 
 
-# Waiting for PostgreSQL to come back (connect at start, statements mid-run, the LISTEN
-# connection). Its jitter only spreads replicas apart, so it needs no seed.
-DATABASE_RETRY = Backoff(base_s=0.2, cap_s=10.0, rng=random.Random())  # noqa: S311 - not crypto
-
-
 class BreakerState(enum.IntEnum):
     """The value is the `relayd_breaker_state` gauge."""
 

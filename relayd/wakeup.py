@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import TYPE_CHECKING
 
 from relayd.errors import DatabaseUnavailable
 from relayd.logs import get_logger
-from relayd.retry import DATABASE_RETRY
 from relayd.store import Store
+
+if TYPE_CHECKING:
+    # Only for the annotation: reconnect.py sleeps with this module's wait_event.
+    from relayd.reconnect import DatabaseRetry
 
 # How often the LISTEN connection proves it is alive (a silently dead TCP peer never closes).
 _LISTEN_PING_S = 30.0
@@ -48,8 +52,11 @@ async def wait_event(event: asyncio.Event, timeout_s: float | None) -> bool:
     return event.is_set()
 
 
-async def listen_for_inserts(store: Store, wakeup: Wakeup, stopping: asyncio.Event) -> None:
-    """Relay the outbox channel's notifications into `wakeup` until `stopping` is set."""
+async def listen_for_inserts(
+    store: Store, wakeup: Wakeup, stopping: asyncio.Event, database: DatabaseRetry
+) -> None:
+    """Relay the outbox channel's notifications into `wakeup` until `stopping` is set,
+    reconnecting through `database`'s policy when the connection is lost."""
     log = get_logger("wakeup")
     failures = 0
     while not stopping.is_set():
@@ -66,9 +73,14 @@ async def listen_for_inserts(store: Store, wakeup: Wakeup, stopping: asyncio.Eve
                             await listener.ping()
         except (DatabaseUnavailable, TimeoutError) as exc:
             failures += 1
-            delay_s = DATABASE_RETRY.delay_s(failures)
-            log.warning("wakeup.listen_failed", error=str(exc), retry_in_s=round(delay_s, 2))
-            await wait_event(stopping, delay_s)
+            lost = (
+                exc
+                if isinstance(exc, DatabaseUnavailable)
+                else DatabaseUnavailable("the LISTEN connection did not answer its ping")
+            )
+            await database.wait(
+                failures, lost, log=log, event="wakeup.listen_failed", stopping=stopping
+            )
 
 
 async def _first_of(*events: asyncio.Event, timeout_s: float) -> None:
