@@ -1,6 +1,6 @@
 """`make bench`: drain an outbox backlog three ways in one run and print ratios.
 
-- guide: the one-row loop of the original guide (SELECT one unsent row, POST it on a new
+- one-row loop: the simplest outbox relay (SELECT one unsent row, POST it on a new
   connection, mark it published), sequential: the baseline;
 - relayd per-row: `relayd run` with sink.batch = off;
 - relayd batch: `relayd run` with sink.batch = on.
@@ -29,7 +29,7 @@ from relayd.producer import enqueue_many, new_job
 from relayd.testing.postgres import EmbeddedPostgres
 from relayd.testing.processes import emulator_process, free_port, relay_process
 
-GUIDE_TIMEOUT_S = 600
+LOOP_TIMEOUT_S = 600
 
 
 async def _outbox(dsn: str, name: str, rows: int) -> OutboxTable:
@@ -50,8 +50,8 @@ async def _outbox(dsn: str, name: str, rows: int) -> OutboxTable:
     return table
 
 
-async def _guide_loop(dsn: str, table: OutboxTable, sink_url: str) -> None:
-    """The guide's relay.py, in-process: one row at a time, a new HTTP connection each."""
+async def _one_row_loop(dsn: str, table: OutboxTable, sink_url: str) -> None:
+    """The simplest relay, in-process: one row at a time, a new HTTP connection each."""
     conn = await asyncpg.connect(dsn)
     connector = aiohttp.TCPConnector(force_close=True)
     headers = {"Content-Type": "application/openjobspec+json"}
@@ -70,7 +70,7 @@ async def _guide_loop(dsn: str, table: OutboxTable, sink_url: str) -> None:
                         async with http.get(f"{sink_url}/ojs/v1/jobs/{expected['id']}") as g:
                             await g.read()
                     elif r.status >= 300:
-                        raise RuntimeError(f"guide loop: HTTP {r.status}")
+                        raise RuntimeError(f"one-row loop: HTTP {r.status}")
                     await r.read()
                 await conn.execute(
                     f"UPDATE {table.qualified} SET published_at = now() "
@@ -109,17 +109,17 @@ async def _relayd(base: Path, dsn: str, table: OutboxTable, sink_url: str, batch
         return time.perf_counter() - started
 
 
-async def _bench(rows: int, guide_rows: int) -> None:
+async def _bench(rows: int, loop_rows: int) -> None:
     base = Path(tempfile.mkdtemp(prefix="relayd-bench-"))
     try:
         with EmbeddedPostgres(base / "pg") as pg:
             dsn = pg.dsn()
             async with emulator_process(base) as sink_url:
                 results: list[tuple[str, int, float]] = []
-                table = await _outbox(dsn, "guide", guide_rows)
+                table = await _outbox(dsn, "one_row_loop", loop_rows)
                 started = time.perf_counter()
-                await asyncio.wait_for(_guide_loop(dsn, table, sink_url), GUIDE_TIMEOUT_S)
-                results.append(("guide one-row loop", guide_rows, time.perf_counter() - started))
+                await asyncio.wait_for(_one_row_loop(dsn, table, sink_url), LOOP_TIMEOUT_S)
+                results.append(("one-row loop", loop_rows, time.perf_counter() - started))
                 for name, batch in (("per_row", "off"), ("batch", "on")):
                     table = await _outbox(dsn, name, rows)
                     async with aiohttp.ClientSession() as http:
@@ -133,7 +133,7 @@ async def _bench(rows: int, guide_rows: int) -> None:
 
 def _report(results: list[tuple[str, int, float]]) -> None:
     baseline = results[0][1] / results[0][2]
-    print(f"{'mode':<22}{'rows':>9}{'seconds':>10}{'rows/s':>10}{'vs guide':>10}")
+    print(f"{'mode':<22}{'rows':>9}{'seconds':>10}{'rows/s':>10}{'vs loop':>10}")
     for name, rows, seconds in results:
         rate = rows / seconds
         print(f"{name:<22}{rows:>9,}{seconds:>10.2f}{rate:>10,.0f}{rate / baseline:>9.1f}x")
@@ -142,9 +142,9 @@ def _report(results: list[tuple[str, int, float]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--rows", type=int, default=20_000, help="rows per relayd mode")
-    parser.add_argument("--guide-rows", type=int, default=2_000, help="rows for the baseline")
+    parser.add_argument("--loop-rows", type=int, default=2_000, help="rows for the baseline")
     args = parser.parse_args()
-    asyncio.run(_bench(args.rows, args.guide_rows))
+    asyncio.run(_bench(args.rows, args.loop_rows))
     sys.stdout.flush()
 
 

@@ -4,8 +4,9 @@
 --   @outbox@  the schema-qualified table      @schema@  its schema
 --   @name@    the bare table name (only inside quoted derived index names)
 --
--- It creates the table, or adopts one made with the guide's DDL (event_id, job, created_at,
--- published_at and its own CHECK) by adding what is missing. Every existing row is kept.
+-- It creates the table, or adopts one made with the minimal outbox DDL (event_id, job,
+-- created_at, published_at and its own CHECK) by adding what is missing. Every existing row
+-- is kept.
 
 CREATE SCHEMA IF NOT EXISTS @schema@;
 

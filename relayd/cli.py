@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--queue-source",
         choices=("options", "top_level", "either"),
         default="options",
-        help="where the job's queue is read (OJS binding, the guide's gateway, or both)",
+        help="where the job's queue is read (OJS binding, the top-level-queue gateway, or both)",
     )
     emulator.add_argument("--batch-atomic", action=argparse.BooleanOptionalAction, default=True)
     emulator.add_argument(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# Process exit codes (design.md §5).
+# Process exit codes (docs/operations.md).
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2

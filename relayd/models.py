@@ -16,7 +16,7 @@ from typing import Any
 
 from relayd import jsonvalue
 
-# ojs-protocol.md §1.2 and §8.2.
+# The OJS enqueue request rules relayd checks before sending (docs/ojs.md#the-request).
 TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 QUEUE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9\-.]*$")
 LOWER_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -25,7 +25,7 @@ MAX_QUEUE_CHARS = 128
 PRIORITY_RANGE = range(-100, 101)
 DEFAULT_QUEUE = "default"
 # Options that change when or whether a job runs; postgres' batch path drops them
-# (ojs-protocol.md §1.7), so rows carrying them are always published one by one.
+# (docs/ojs.md#batches), so rows carrying them are always published one by one.
 NON_BATCHABLE_OPTIONS = frozenset({"scheduled_at", "delay_until", "expires_at", "unique"})
 
 

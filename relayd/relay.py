@@ -4,7 +4,7 @@ No SQL text and no HTTP detail live here: `store.py` runs the statements, `sinks
 speaks OJS and classifies answers. Each step is its own awaitable method, so a failpoint or
 a test can stand between any two.
 
-Invariants (design.md §1):
+Invariants (docs/contract.md):
 - a claim commits before any HTTP call; each attempt runs under one deadline and ends a
   timeout's worth before the lease does, leaving that long to settle (C4);
 - every settle is fenced by the claim's owner token; a zero-row settle is counted as stale,

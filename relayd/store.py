@@ -145,6 +145,18 @@ class AppliedMigration:
     applied_at: datetime
 
 
+@dataclass(frozen=True, slots=True)
+class MigrationStep:
+    """One migration as the ledger sees it: recorded under `checksum`; an entry under any of
+    `accepted` (today's text, or an earlier one differing in comments) is the same step."""
+
+    version: int
+    name: str
+    checksum: str
+    accepted: frozenset[str]
+    sql: str
+
+
 class Store:
     """Named queries over an asyncpg pool for one outbox table."""
 
@@ -286,15 +298,15 @@ class Store:
             )
 
     async def apply_migrations(
-        self, migrations: Sequence[tuple[int, str, str, str]]
+        self, migrations: Sequence[MigrationStep]
     ) -> tuple[list[AppliedMigration], list[int]]:
-        """Apply (version, name, checksum, sql) in order, in one transaction, under an
-        advisory lock; returns the ledger as it was and the versions applied now.
+        """Apply the steps in order, in one transaction, under an advisory lock; returns the
+        ledger as it was and the versions applied now.
 
         `MigrationError` (and nothing applied) if an applied migration's checksum differs.
         """
         outbox = str(self.table)
-        checksums = {version: checksum for version, _name, checksum, _sql in migrations}
+        accepted = {step.version: step.accepted for step in migrations}
         with _translated("migrations"):
             async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(self._q["migrations_lock"], outbox)
@@ -310,21 +322,21 @@ class Store:
                     for r in await conn.fetch(self._q["migrations_applied"], outbox)
                 ]
                 for entry in ledger:
-                    if checksums.get(entry.version, entry.checksum) != entry.checksum:
+                    if entry.checksum not in accepted.get(entry.version, {entry.checksum}):
                         raise MigrationError(
                             f"migration {entry.version:04d}_{entry.name} was applied to "
                             f"{self.table} from a different file; restore the original file"
                         )
                 done = {m.version for m in ledger}
                 applied_now: list[int] = []
-                for version, name, checksum, sql in migrations:
-                    if version in done:
+                for step in migrations:
+                    if step.version in done:
                         continue
-                    await conn.execute(sql)
+                    await conn.execute(step.sql)
                     await conn.execute(
-                        self._q["migrations_record"], outbox, version, name, checksum
+                        self._q["migrations_record"], outbox, step.version, step.name, step.checksum
                     )
-                    applied_now.append(version)
+                    applied_now.append(step.version)
         return ledger, applied_now
 
     # --- wakeup ----------------------------------------------------------------------------

@@ -100,7 +100,7 @@ def _job_of(body: bytes) -> dict[str, Any] | None:
 
 
 def classify_post(response: Response, event_id: str) -> Outcome | Reconcile:
-    """What one POST /ojs/v1/jobs answer means for the row (ojs-protocol.md §1.10)."""
+    """What one POST /ojs/v1/jobs answer means for the row (docs/ojs.md#outcomes)."""
     status = response.status
     if 200 <= status < 300:
         job = _job_of(response.body)
@@ -165,8 +165,8 @@ def classify_get(response: Response, envelope: Envelope) -> Outcome | NotFound:
 
 def differences(envelope: Envelope, job: Mapping[str, Any]) -> list[str]:
     """The immutable fields on which the sink's job differs from ours, compared by meaning
-    (ojs-protocol.md §1.6): id and type exactly, the effective queue, args by value, only the
-    meta keys we sent, and the priority and tags we sent."""
+    (docs/ojs.md#comparing-a-job-after-a-get): id and type exactly, the effective queue,
+    args by value, only the meta keys we sent, and the priority and tags we sent."""
     found: list[str] = []
     if job.get("id") != envelope.id:
         found.append("id")

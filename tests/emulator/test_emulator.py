@@ -247,7 +247,7 @@ async def test_gateway_reuse_in_another_queue_is_500(
     start: StartEmulator, http: aiohttp.ClientSession
 ) -> None:
     """Guide gateway: same id, same queue → 409; same id, another queue → 500 internal_error."""
-    running = await start(EmulatorConfig.guide_gateway())
+    running = await start(EmulatorConfig.gateway_variant())
     first: dict[str, Any] = {
         "id": uuid7(),
         "type": "order.fulfill",

@@ -9,6 +9,7 @@ import sys
 import asyncpg
 import pytest
 
+from relayd.errors import MigrationError
 from relayd.migrate import load_migrations, migrate
 from relayd.models import OutboxTable
 from relayd.store import Store
@@ -221,3 +222,29 @@ async def test_infinite_created_at_fails_the_producer_transaction(
             event_id,
             body,
         )
+
+
+async def test_a_migration_edited_in_comments_only_is_still_applied(
+    empty_database: Database,
+) -> None:
+    """An outbox migrated from an earlier text of 0001 (differing in comments only) is up to
+    date; any other checksum is refused, and nothing is applied."""
+    table = OutboxTable.parse("relayd.outbox")
+    earlier = "083b83243a35e052565553f82639fe8db236bb39ce94c9de5389237b1ed40e65"
+    store = await Store.connect(empty_database.dsn, table, max_size=2)
+    conn = await asyncpg.connect(empty_database.dsn)
+    try:
+        await migrate(store)
+        await conn.execute(
+            "UPDATE relayd.relayd_migrations SET checksum = $1 WHERE version = 1", earlier
+        )
+        again = await migrate(store)
+        assert again.applied == []
+        await conn.execute(
+            "UPDATE relayd.relayd_migrations SET checksum = 'edited' WHERE version = 1"
+        )
+        with pytest.raises(MigrationError, match=r"0001_outbox was applied .* different file"):
+            await migrate(store)
+    finally:
+        await conn.close()
+        await store.close()

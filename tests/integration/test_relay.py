@@ -353,7 +353,7 @@ async def test_guide_gateway_dialect_with_top_level_queue(
     ]
     async with conn.transaction():
         await enqueue_many(conn, jobs)
-    async with await start_emulator(EmulatorConfig.guide_gateway()) as sink:
+    async with await start_emulator(EmulatorConfig.gateway_variant()) as sink:
         for job in jobs:
             sink.emulator.add_fault(
                 FaultRule(action="store_then_drop", method="POST", job_id=str(job["id"]))

@@ -63,7 +63,7 @@ class EmulatorConfig:
             raise ValueError("auth_token must not be empty")
 
     @classmethod
-    def guide_gateway(cls, **overrides: Any) -> EmulatorConfig:
+    def gateway_variant(cls, **overrides: Any) -> EmulatorConfig:
         """The gateway dialect: the queue is read from a top-level `queue`; an id reused in
         its original queue is 409 `duplicate`, one reused in another queue a storage error
         (500 `internal_error`); batches are atomic. Its workers fence ack and nack with the
