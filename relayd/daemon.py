@@ -21,6 +21,7 @@ from relayd import reconnect
 from relayd.cleanup import clean_published
 from relayd.config import Settings, parse_listen
 from relayd.errors import EXIT_FAILURE, EXIT_OK, DatabaseUnavailable, WorkerCrashed
+from relayd.listener import listen_for_inserts
 from relayd.logs import configure_logging, get_logger
 from relayd.metrics import RelayMetrics
 from relayd.reconnect import DatabaseRetry
@@ -28,7 +29,7 @@ from relayd.relay import BreakerGate, RelayContext, RelayWorker
 from relayd.retry import Backoff, BreakerState, CircuitBreaker
 from relayd.sinks.ojs import OjsSink
 from relayd.store import Store
-from relayd.wakeup import Wakeup, listen_for_inserts
+from relayd.wakeup import Wakeup
 from relayd.web import make_app, start_web
 
 # After the grace period, how long settling (and releasing) may still take before we give up
