@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncpg
 
 from relayd.testing.emulator import EmulatorConfig, start_emulator
-from tests.conftest import Database
-from tests.faults.tcpproxy import TcpProxy
-from tests.integration.relayhelp import drained, eventually, produce, relay_settings, running
+from tests.support import Database, TcpProxy, drained, eventually, produce, relay_settings, running
 
 LEASE_S = 2.0
 # Longer than the lease: the claim's answer arrives after it expired. (Every statement of

@@ -20,8 +20,7 @@ from relayd.producer import enqueue_many, new_job, uuid7
 from relayd.sinks.ojs import OjsSink
 from relayd.testing.emulator import RunningEmulator
 from relayd.testing.faults import FaultRule
-from tests.conftest import Database
-from tests.integration.relayhelp import drained, eventually, produce, relay_settings, running
+from tests.support import Database, drained, eventually, produce, relay_settings, running
 
 
 async def _dead(conn: asyncpg.Connection) -> dict[str, tuple[str, str]]:

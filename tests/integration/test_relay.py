@@ -18,14 +18,7 @@ from relayd.relay import Claim, RelayWorker
 from relayd.store import Store
 from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from relayd.testing.faults import FaultRule
-from tests.conftest import Database
-from tests.integration.relayhelp import (
-    drained,
-    eventually,
-    produce,
-    relay_settings,
-    running,
-)
+from tests.support import Database, drained, eventually, produce, relay_settings, running
 
 LEASE_AUDIT = """
 CREATE TABLE lease_audit (

@@ -19,8 +19,9 @@ from relayd.sinks.ojs import OjsSink
 from relayd.store import Store
 from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from relayd.testing.faults import FaultRule
-from tests.conftest import Database
-from tests.integration.relayhelp import (
+from tests.support import (
+    Database,
+    claimed,
     drained,
     eventually,
     pending,
@@ -28,7 +29,6 @@ from tests.integration.relayhelp import (
     relay_settings,
     running,
 )
-from tests.unit.test_models import claimed
 
 TOKEN = "s3cret-token-value"  # noqa: S105 - a test fixture, not a credential
 

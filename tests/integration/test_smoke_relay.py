@@ -8,8 +8,8 @@ import asyncpg
 
 from relayd.testing.emulator import RunningEmulator
 from relayd.testing.faults import FaultRule
-from tests.conftest import Database
-from tests.integration.relayhelp import (
+from tests.support import (
+    Database,
     drained,
     eventually,
     produce,

@@ -286,7 +286,7 @@ def test_transport_failures_say_whether_the_request_left() -> None:
 
 def test_plan_batches_bounds_jobs_and_bytes() -> None:
     """Batches hold at most max_jobs jobs and max_bytes bytes, in claim order."""
-    from tests.unit.test_models import claimed  # noqa: PLC0415
+    from tests.support import claimed  # noqa: PLC0415
 
     rows = [claimed(job_bytes=100) for _ in range(25)]
     batches = plan_batches(rows, max_jobs=10, max_bytes=10_000)
