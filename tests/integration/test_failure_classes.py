@@ -20,7 +20,15 @@ from relayd.producer import enqueue_many, new_job, uuid7
 from relayd.sinks.ojs import OjsSink
 from relayd.testing.emulator import RunningEmulator
 from relayd.testing.faults import FaultRule
-from tests.support import Database, drained, eventually, produce, relay_settings, running
+from tests.support import (
+    Database,
+    drained,
+    eventually,
+    produce,
+    relay_settings,
+    run_until_idle,
+    running,
+)
 
 
 async def _dead(conn: asyncpg.Connection) -> dict[str, tuple[str, str]]:
@@ -96,8 +104,8 @@ async def test_an_integer_longer_than_pythons_limit_is_sent_not_called_invalid(
     big = uuid7()
     await _insert_raw(conn, big, f'{{"id": "{big}", "type": "test.big", "args": [{"7" * 5000}]}}')
     ids = await produce(conn, 5)
-    async with running(relay_settings(database.dsn, emulator.url, sink={"batch": "off"})):
-        await eventually(lambda: drained(conn))
+    await run_until_idle(relay_settings(database.dsn, emulator.url, sink={"batch": "off"}))
+    assert await drained(conn)
     # The emulator, like a server decoding numbers as doubles, refuses it with a 400: the
     # reason is the sink's verdict, and the sink did see the row.
     reason, error = (await _dead(conn))[big]

@@ -27,6 +27,7 @@ from tests.support import (
     pending,
     produce,
     relay_settings,
+    run_until_idle,
     running,
 )
 
@@ -42,8 +43,8 @@ async def test_bearer_token_comes_from_token_file(
     ids = await produce(conn, 30)
     async with await start_emulator(EmulatorConfig(auth_token=TOKEN)) as sink:
         settings = relay_settings(database.dsn, sink.url, sink={"token_file": token_file})
-        async with running(settings):
-            await eventually(lambda: drained(conn))
+        await run_until_idle(settings)
+        assert await drained(conn)
         assert set(sink.emulator.ledger()) == set(ids)
 
 
@@ -83,8 +84,8 @@ async def test_batch_over_the_sink_body_bound_is_split(
         await enqueue_many(conn, jobs)
     async with await start_emulator(EmulatorConfig(max_body_bytes=30_000)) as sink:
         settings = relay_settings(database.dsn, sink.url, sink={"batch": "on"})
-        async with running(settings):
-            await eventually(lambda: drained(conn))
+        await run_until_idle(settings)
+        assert await drained(conn)
         ledger = sink.emulator.ledger()
     assert {str(j["id"]) for j in jobs} == set(ledger)
     assert {e.created for e in ledger.values()} == {1}
@@ -183,8 +184,8 @@ async def test_a_batch_stored_in_part_is_reconciled_before_anything_is_resent(
     config = EmulatorConfig(batch_atomic=False, duplicate_mode="overwrite")
     async with await start_emulator(config) as sink:
         settings = relay_settings(database.dsn, sink.url, sink={"batch": "on"})
-        async with running(settings):
-            await eventually(lambda: drained(conn))
+        await run_until_idle(settings)
+        assert await drained(conn)
         ledger = sink.emulator.ledger()
     assert {(ledger[str(j["id"])].created, ledger[str(j["id"])].overwrites) for j in good} == {
         (1, 0)
