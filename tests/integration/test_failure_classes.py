@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from typing import Any
 
 import asyncpg
 import pytest
@@ -203,7 +202,7 @@ async def test_a_statement_failing_for_good_stops_the_daemon_loudly(
     assert code == 1
     crashes = [entry for entry in logs if entry["event"] == "daemon.task_crashed"]
     assert crashes
-    crash: dict[str, Any] = crashes[0]
+    crash = crashes[0]
     assert crash["step"] == "settle"
     assert crash["statement"] == "settle_published"
     assert set(crash["event_ids"]) <= set(ids)

@@ -122,6 +122,7 @@ async def test_stale_settle_changes_nothing(
         "SELECT lease_owner, published_at, attempts FROM relayd.outbox WHERE event_id = $1",
         event_id,
     )
+    assert row is not None
     assert row["lease_owner"] == second
     assert row["published_at"] is None
     assert row["attempts"] == 2

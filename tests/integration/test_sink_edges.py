@@ -156,12 +156,10 @@ async def test_a_token_echoed_by_the_sink_is_never_stored_or_logged(
             async with running(settings):
 
                 async def refused_often() -> bool:
-                    return (
-                        await conn.fetchval(
-                            "SELECT count(*) FROM relayd.outbox WHERE last_error LIKE '%401%'"
-                        )
-                        >= 3
+                    refused: int = await conn.fetchval(
+                        "SELECT count(*) FROM relayd.outbox WHERE last_error LIKE '%401%'"
                     )
+                    return refused >= 3
 
                 await eventually(refused_often)
     errors = [r[0] for r in await conn.fetch("SELECT last_error FROM relayd.outbox")]
