@@ -22,7 +22,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check relayd tests bench
 
 typecheck: $(STAMP)
-	$(BIN)/mypy relayd
+	$(BIN)/mypy relayd tests bench
 
 test: lint typecheck
 	$(BIN)/pytest

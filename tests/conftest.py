@@ -11,56 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
 from relayd.migrate import migrate
-from relayd.models import OutboxTable
 from relayd.store import Store
+from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from relayd.testing.postgres import EmbeddedPostgres
-
-DEFAULT_TABLE = OutboxTable.parse("relayd.outbox")
-
-
-def dsn_for(server_dsn: str, database: str) -> str:
-    """The same server, another database."""
-    parts = urlsplit(server_dsn)
-    return urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, parts.fragment))
-
-
-def secret_dsn(dsn: str, query: str = "") -> str:
-    """`dsn` with the password `hunter2`, which must never show (trust auth ignores it), and
-    `query` appended (the embedded server's DSN already has one: ?host=<socket directory>)."""
-    dsn = re.sub(r"://([^:@/]+)(?::[^@/]*)?@", r"://\1:hunter2@", dsn, count=1)
-    if not query:
-        return dsn
-    return f"{dsn}{'&' if '?' in dsn else '?'}{query}"
-
-
-@dataclass(frozen=True)
-class PgServer:
-    admin_dsn: str
-    template: str
-
-    def dsn(self, database: str) -> str:
-        return dsn_for(self.admin_dsn, database)
-
-
-@dataclass(frozen=True)
-class Database:
-    """One test's private database, already migrated for `relayd.outbox`."""
-
-    name: str
-    dsn: str
-    table: OutboxTable = DEFAULT_TABLE
+from tests.support import DEFAULT_TABLE, Database, PgServer, dsn_for
 
 
 async def _make_template(admin_dsn: str, template: str) -> None:
@@ -144,10 +106,8 @@ async def store(database: Database) -> AsyncIterator[Store]:
 
 
 @pytest.fixture
-async def emulator() -> AsyncIterator[Any]:
+async def emulator() -> AsyncIterator[RunningEmulator]:
     """An OJS emulator with default (spec) behaviour on a free loopback port."""
-    from relayd.testing.emulator import EmulatorConfig, start_emulator  # noqa: PLC0415
-
     async with await start_emulator(EmulatorConfig()) as running:
         yield running
 

@@ -217,7 +217,7 @@ def request_id(event_id: str, attempt: int, suffix: str = "") -> str:
 class BatchAccepted:
     """2xx: each row's outcome (a row the answer does not list is left ambiguous)."""
 
-    outcomes: dict[str, Outcome]
+    outcomes: Mapping[str, Outcome]
 
 
 @dataclass(frozen=True, slots=True)

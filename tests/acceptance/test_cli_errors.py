@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import Database, secret_dsn
+from tests.support import Database, secret_dsn
 
 
 def _relayd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

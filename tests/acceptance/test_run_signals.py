@@ -11,15 +11,7 @@ import asyncpg
 
 from relayd.testing.emulator import start_emulator
 from relayd.testing.faults import FaultRule
-from tests.conftest import Database
-from tests.integration.relayhelp import (
-    drained,
-    eventually,
-    pending,
-    produce,
-    relay_settings,
-    running,
-)
+from tests.support import Database, drained, eventually, pending, produce, relay_settings, running
 
 GRACE_S = 5.0
 

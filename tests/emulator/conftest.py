@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 
 from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
-
-StartEmulator = Callable[..., Awaitable[RunningEmulator]]
+from tests.support import StartEmulator
 
 
 @pytest.fixture

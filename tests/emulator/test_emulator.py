@@ -25,7 +25,7 @@ from relayd.testing.emulator import (
     uuid7,
 )
 from relayd.testing.faults import FaultRule
-from tests.emulator.conftest import StartEmulator
+from tests.support import StartEmulator
 
 MEDIA = "application/openjobspec+json"
 JOBS = "/ojs/v1/jobs"

@@ -6,8 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from tests.conftest import Database
-from tests.faults.tcpproxy import TcpProxy
+from tests.support import Database, TcpProxy
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ import asyncpg
 
 from relayd.testing.emulator import RunningEmulator
 from relayd.testing.processes import free_port, relay_process
-from tests.conftest import Database
-from tests.integration.relayhelp import drained, eventually, produce
+from tests.support import Database, drained, eventually, produce
 
 TERMINATE = """
 SELECT count(pg_terminate_backend(pid))

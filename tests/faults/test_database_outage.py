@@ -11,9 +11,7 @@ import asyncpg
 from relayd.daemon import Daemon
 from relayd.metrics import RelayMetrics
 from relayd.testing.emulator import RunningEmulator
-from tests.conftest import Database
-from tests.faults.tcpproxy import TcpProxy
-from tests.integration.relayhelp import drained, eventually, pending, produce, relay_settings
+from tests.support import Database, TcpProxy, drained, eventually, pending, produce, relay_settings
 
 
 def _errors(daemon: Daemon) -> float:

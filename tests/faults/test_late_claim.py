@@ -3,12 +3,12 @@ time counts from before the claim was sent, not from when its answer arrived."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 
 from relayd.testing.emulator import EmulatorConfig, start_emulator
-from tests.conftest import Database
-from tests.faults.tcpproxy import TcpProxy
-from tests.integration.relayhelp import drained, eventually, produce, relay_settings, running
+from tests.support import Database, TcpProxy, drained, eventually, produce, relay_settings, running
 
 LEASE_S = 2.0
 # Longer than the lease: the claim's answer arrives after it expired. (Every statement of
@@ -23,7 +23,7 @@ async def test_a_claim_answered_after_its_lease_publishes_nothing(
     50 rows (committed at once, answered late); 3. relay B takes them over when the lease
     expires and publishes them; 4. A's answer arrives: it must not POST them again. On a
     sink that overwrites a reused id, no job is created twice."""
-    timing = {
+    timing: dict[str, dict[str, Any]] = {
         "relay": {"lease_s": LEASE_S, "batch_size": 100, "poll_interval_s": 0.1},
         "sink": {"timeout_s": 0.5, "batch": "off"},
     }
@@ -41,7 +41,7 @@ async def test_a_claim_answered_after_its_lease_publishes_nothing(
             ids = await produce(conn, 50)
 
             async def leased_to_a() -> bool:
-                leased = await conn.fetchval(
+                leased: int = await conn.fetchval(
                     "SELECT count(*) FROM relayd.outbox WHERE lease_owner IS NOT NULL"
                 )
                 return leased == len(ids)

@@ -6,7 +6,7 @@ import pytest
 
 from relayd.errors import ConfigError, DatabaseUnavailable
 from relayd.store import Store
-from tests.conftest import DEFAULT_TABLE, Database, secret_dsn
+from tests.support import DEFAULT_TABLE, Database, secret_dsn
 
 
 async def _refusal(dsn: str) -> ConfigError:

@@ -8,7 +8,6 @@ import asyncio
 import json
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import asyncpg
 import pytest
@@ -21,8 +20,15 @@ from relayd.producer import enqueue_many, new_job, uuid7
 from relayd.sinks.ojs import OjsSink
 from relayd.testing.emulator import RunningEmulator
 from relayd.testing.faults import FaultRule
-from tests.conftest import Database
-from tests.integration.relayhelp import drained, eventually, produce, relay_settings, running
+from tests.support import (
+    Database,
+    drained,
+    eventually,
+    produce,
+    relay_settings,
+    run_until_idle,
+    running,
+)
 
 
 async def _dead(conn: asyncpg.Connection) -> dict[str, tuple[str, str]]:
@@ -98,8 +104,8 @@ async def test_an_integer_longer_than_pythons_limit_is_sent_not_called_invalid(
     big = uuid7()
     await _insert_raw(conn, big, f'{{"id": "{big}", "type": "test.big", "args": [{"7" * 5000}]}}')
     ids = await produce(conn, 5)
-    async with running(relay_settings(database.dsn, emulator.url, sink={"batch": "off"})):
-        await eventually(lambda: drained(conn))
+    await run_until_idle(relay_settings(database.dsn, emulator.url, sink={"batch": "off"}))
+    assert await drained(conn)
     # The emulator, like a server decoding numbers as doubles, refuses it with a 400: the
     # reason is the sink's verdict, and the sink did see the row.
     reason, error = (await _dead(conn))[big]
@@ -197,7 +203,7 @@ async def test_a_statement_failing_for_good_stops_the_daemon_loudly(
     assert code == 1
     crashes = [entry for entry in logs if entry["event"] == "daemon.task_crashed"]
     assert crashes
-    crash: dict[str, Any] = crashes[0]
+    crash = crashes[0]
     assert crash["step"] == "settle"
     assert crash["statement"] == "settle_published"
     assert set(crash["event_ids"]) <= set(ids)

@@ -13,7 +13,7 @@ from relayd.errors import MigrationError
 from relayd.migrate import load_migrations, migrate
 from relayd.models import OutboxTable
 from relayd.store import Store
-from tests.conftest import Database
+from tests.support import Database
 
 GUIDE_DDL = """
 CREATE SCHEMA guide_app;

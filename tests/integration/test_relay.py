@@ -18,12 +18,13 @@ from relayd.relay import Claim, RelayWorker
 from relayd.store import Store
 from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from relayd.testing.faults import FaultRule
-from tests.conftest import Database
-from tests.integration.relayhelp import (
+from tests.support import (
+    Database,
     drained,
     eventually,
     produce,
     relay_settings,
+    run_until_idle,
     running,
 )
 
@@ -62,9 +63,12 @@ async def test_two_supervisors_share_one_outbox(
     await conn.execute(LEASE_AUDIT)
     ids = await produce(conn, 5000)
     settings = relay_settings(database.dsn, emulator.url, sink={"batch": batch})
-    async with running(settings, seed=1), running(settings, seed=2):
-        await eventually(lambda: drained(conn), timeout_s=90)
-
+    # Both run until nothing is pending in the outbox they share: each returns only once every
+    # row is published, whichever of them published it.
+    async with asyncio.TaskGroup() as both:
+        both.create_task(run_until_idle(settings, seed=1, timeout_s=90))
+        both.create_task(run_until_idle(settings, seed=2, timeout_s=90))
+    assert await drained(conn)
     ledger = emulator.emulator.ledger()
     assert set(ledger) == set(ids)
     assert [i for i, e in ledger.items() if e.created != 1] == []
@@ -118,6 +122,7 @@ async def test_stale_settle_changes_nothing(
         "SELECT lease_owner, published_at, attempts FROM relayd.outbox WHERE event_id = $1",
         event_id,
     )
+    assert row is not None
     assert row["lease_owner"] == second
     assert row["published_at"] is None
     assert row["attempts"] == 2
@@ -147,8 +152,8 @@ async def test_store_then_drop_is_reconciled_without_a_second_creation(
                     times=1,
                 )
             )
-        async with running(relay_settings(database.dsn, sink.url, sink={"batch": batch})) as d:
-            await eventually(lambda: drained(conn))
+        d = await run_until_idle(relay_settings(database.dsn, sink.url, sink={"batch": batch}))
+        assert await drained(conn)
         ledger = sink.emulator.ledger()
     assert set(ledger) == set(ids)
     assert {(e.created, e.overwrites) for e in ledger.values()} == {(1, 0)}
@@ -174,8 +179,8 @@ async def test_id_collision_is_dead_lettered_as_conflict(
         ours = new_job("order.fulfill", [{"order_id": 1}], job_id=event_id)
         good = await produce(conn, 5)
         await enqueue_many(conn, [ours])
-        async with running(relay_settings(database.dsn, sink.url, sink={"batch": "off"})):
-            await eventually(lambda: drained(conn))
+        await run_until_idle(relay_settings(database.dsn, sink.url, sink={"batch": "off"}))
+        assert await drained(conn)
         stored = sink.emulator.job(event_id)
     assert await _dead(conn) == {event_id: "conflict"}
     assert stored is not None
@@ -212,8 +217,8 @@ async def test_poison_rows_are_isolated_with_distinct_reasons(
     async with conn.transaction():
         await enqueue_many(conn, jobs)  # one commit: all in the same claim batch
     settings = relay_settings(database.dsn, emulator.url, sink={"batch": "off"})
-    async with running(settings) as daemon:
-        await eventually(lambda: drained(conn))
+    daemon = await run_until_idle(settings)
+    assert await drained(conn)
     assert await _dead(conn) == {str(job["id"]): reason for reason, job in poison.items()}
     assert await conn.fetchval("SELECT max(attempts) FROM relayd.outbox") == 1
     ledger = emulator.emulator.ledger()
@@ -232,8 +237,8 @@ async def test_poison_rows_in_a_sink_batch_do_not_stall_it(
     good = [new_job("test.echo", [i]) for i in range(30)]
     async with conn.transaction():
         await enqueue_many(conn, good[:15] + list(poison.values()) + good[15:])
-    async with running(relay_settings(database.dsn, emulator.url, sink={"batch": "on"})):
-        await eventually(lambda: drained(conn))
+    await run_until_idle(relay_settings(database.dsn, emulator.url, sink={"batch": "on"}))
+    assert await drained(conn)
     dead = await _dead(conn)
     assert set(dead) == {str(job["id"]) for job in poison.values()}
     assert dead[str(poison["too_large"]["id"])] == "too_large"
@@ -300,8 +305,8 @@ async def test_idle_worker_wakes_when_a_backoff_ends(
         "UPDATE relayd.outbox SET available_at = now() + interval '500 milliseconds'"
     )
     settings = relay_settings(database.dsn, emulator.url, relay={"poll_interval_s": 60.0})
-    async with running(settings):
-        await eventually(lambda: drained(conn), timeout_s=10)
+    await run_until_idle(settings, timeout_s=10)
+    assert await drained(conn)
     assert event_id in emulator.emulator.ledger()
 
 
@@ -358,8 +363,8 @@ async def test_guide_gateway_dialect_with_top_level_queue(
             sink.emulator.add_fault(
                 FaultRule(action="store_then_drop", method="POST", job_id=str(job["id"]))
             )
-        async with running(relay_settings(database.dsn, sink.url, sink={"batch": "off"})):
-            await eventually(lambda: drained(conn))
+        await run_until_idle(relay_settings(database.dsn, sink.url, sink={"batch": "off"}))
+        assert await drained(conn)
         ledger = sink.emulator.ledger()
     assert await _dead(conn) == {}
     assert {(e.created, e.queue) for e in ledger.values()} == {(1, "guide-jobs")}

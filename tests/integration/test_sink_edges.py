@@ -19,16 +19,17 @@ from relayd.sinks.ojs import OjsSink
 from relayd.store import Store
 from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from relayd.testing.faults import FaultRule
-from tests.conftest import Database
-from tests.integration.relayhelp import (
+from tests.support import (
+    Database,
+    claimed,
     drained,
     eventually,
     pending,
     produce,
     relay_settings,
+    run_until_idle,
     running,
 )
-from tests.unit.test_models import claimed
 
 TOKEN = "s3cret-token-value"  # noqa: S105 - a test fixture, not a credential
 
@@ -42,8 +43,8 @@ async def test_bearer_token_comes_from_token_file(
     ids = await produce(conn, 30)
     async with await start_emulator(EmulatorConfig(auth_token=TOKEN)) as sink:
         settings = relay_settings(database.dsn, sink.url, sink={"token_file": token_file})
-        async with running(settings):
-            await eventually(lambda: drained(conn))
+        await run_until_idle(settings)
+        assert await drained(conn)
         assert set(sink.emulator.ledger()) == set(ids)
 
 
@@ -83,8 +84,8 @@ async def test_batch_over_the_sink_body_bound_is_split(
         await enqueue_many(conn, jobs)
     async with await start_emulator(EmulatorConfig(max_body_bytes=30_000)) as sink:
         settings = relay_settings(database.dsn, sink.url, sink={"batch": "on"})
-        async with running(settings):
-            await eventually(lambda: drained(conn))
+        await run_until_idle(settings)
+        assert await drained(conn)
         ledger = sink.emulator.ledger()
     assert {str(j["id"]) for j in jobs} == set(ledger)
     assert {e.created for e in ledger.values()} == {1}
@@ -155,12 +156,10 @@ async def test_a_token_echoed_by_the_sink_is_never_stored_or_logged(
             async with running(settings):
 
                 async def refused_often() -> bool:
-                    return (
-                        await conn.fetchval(
-                            "SELECT count(*) FROM relayd.outbox WHERE last_error LIKE '%401%'"
-                        )
-                        >= 3
+                    refused: int = await conn.fetchval(
+                        "SELECT count(*) FROM relayd.outbox WHERE last_error LIKE '%401%'"
                     )
+                    return refused >= 3
 
                 await eventually(refused_often)
     errors = [r[0] for r in await conn.fetch("SELECT last_error FROM relayd.outbox")]
@@ -183,8 +182,8 @@ async def test_a_batch_stored_in_part_is_reconciled_before_anything_is_resent(
     config = EmulatorConfig(batch_atomic=False, duplicate_mode="overwrite")
     async with await start_emulator(config) as sink:
         settings = relay_settings(database.dsn, sink.url, sink={"batch": "on"})
-        async with running(settings):
-            await eventually(lambda: drained(conn))
+        await run_until_idle(settings)
+        assert await drained(conn)
         ledger = sink.emulator.ledger()
     assert {(ledger[str(j["id"])].created, ledger[str(j["id"])].overwrites) for j in good} == {
         (1, 0)

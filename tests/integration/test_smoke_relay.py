@@ -8,15 +8,7 @@ import asyncpg
 
 from relayd.testing.emulator import RunningEmulator
 from relayd.testing.faults import FaultRule
-from tests.conftest import Database
-from tests.integration.relayhelp import (
-    drained,
-    eventually,
-    produce,
-    relay_settings,
-    run_until_idle,
-    running,
-)
+from tests.support import Database, drained, produce, relay_settings, run_until_idle
 
 
 async def test_rows_reach_the_sink(
@@ -24,8 +16,8 @@ async def test_rows_reach_the_sink(
 ) -> None:
     """Committed rows are published once each and marked published."""
     ids = await produce(conn, 500)
-    async with running(relay_settings(database.dsn, emulator.url)):
-        await eventually(lambda: drained(conn))
+    await run_until_idle(relay_settings(database.dsn, emulator.url))
+    assert await drained(conn)
     ledger = emulator.emulator.ledger()
     assert set(ledger) == set(ids)
     assert all(entry.created == 1 for entry in ledger.values())

@@ -13,6 +13,7 @@ import pytest
 
 from relayd.jsonvalue import equal as json_equal
 from relayd.models import (
+    ClaimedRow,
     DeadLetter,
     DeadReason,
     Envelope,
@@ -40,6 +41,7 @@ from relayd.sinks.ojs_answers import (
     redact,
     secret_forms,
 )
+from tests.support import claimed
 
 ID = "019539a4-aaaa-7000-8000-111111111111"
 OTHER = "019539a4-bbbb-7000-8000-222222222222"
@@ -294,8 +296,6 @@ def test_transport_failures_say_whether_the_request_left() -> None:
 
 def test_plan_batches_bounds_jobs_and_bytes() -> None:
     """Batches hold at most max_jobs jobs and max_bytes bytes, in claim order."""
-    from tests.unit.test_models import claimed  # noqa: PLC0415
-
     rows = [claimed(job_bytes=100) for _ in range(25)]
     batches = plan_batches(rows, max_jobs=10, max_bytes=10_000)
     assert [len(b) for b in batches] == [10, 10, 5]
@@ -304,16 +304,11 @@ def test_plan_batches_bounds_jobs_and_bytes() -> None:
     assert [r for b in batches for r in b] == rows
 
 
-def _batch_rows(count: int) -> list[Any]:
-    from tests.unit.test_models import claimed  # noqa: PLC0415
-
-    return [claimed() for _ in range(count)]
+BATCH = [claimed() for _ in range(4)]
+NOT_LISTED = "the batch was accepted but its answer does not list this id"
 
 
-BATCH = _batch_rows(4)
-
-
-def _listed(*rows: Any, state: str = "available") -> dict[str, Any]:
+def _listed(*rows: ClaimedRow, state: str = "available") -> dict[str, Any]:
     return {"jobs": [{"id": row.event_id, "state": state} for row in rows], "count": len(rows)}
 
 
@@ -329,23 +324,12 @@ def _listed(*rows: Any, state: str = "available") -> dict[str, Any]:
             _answer(201, _listed(*BATCH[:3], state="scheduled")),
             BatchAccepted(
                 {row.event_id: Published("scheduled") for row in BATCH[:3]}
-                | {
-                    BATCH[3].event_id: RetryLater(
-                        "the batch was accepted but its answer does not list this id"
-                    )
-                }
+                | {BATCH[3].event_id: RetryLater(NOT_LISTED)}
             ),
         ),
         (
             _answer(201, b"<html>ok</html>"),
-            BatchAccepted(
-                {
-                    row.event_id: RetryLater(
-                        "the batch was accepted but its answer does not list this id"
-                    )
-                    for row in BATCH
-                }
-            ),
+            BatchAccepted({row.event_id: RetryLater(NOT_LISTED) for row in BATCH}),
         ),
         (
             _answer(400, _err("invalid_request", index=2)),

@@ -9,26 +9,10 @@ from typing import Any
 
 import pytest
 
-from relayd.models import ClaimedRow, Envelope, InvalidEnvelope, clean_error
+from relayd.models import Envelope, InvalidEnvelope, clean_error
 from relayd.producer import uuid7
 
 ID = "019539a4-aaaa-7000-8000-111111111111"
-
-
-def claimed(job_bytes: int = 0, **job: Any) -> ClaimedRow:
-    """A claimed row for pure tests; `job_bytes` pads args to about that size."""
-    event_id = uuid7()
-    body: dict[str, Any] = {"id": event_id, "type": "t.x", "args": []} | job
-    if job_bytes:
-        filler = max(job_bytes - len(json.dumps(body)) - 4, 0)
-        body["args"] = ["x" * filler]
-    return ClaimedRow(
-        event_id=event_id,
-        job=json.dumps(body).encode(),
-        attempts=1,
-        previous_attempt_at=None,
-        age_s=0.0,
-    )
 
 
 def _parse(**job: Any) -> Envelope:

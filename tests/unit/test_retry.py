@@ -72,6 +72,12 @@ def test_parse_retry_after(header: str | None, expected: float | None) -> None:
     assert parse_retry_after(header, now) == expected
 
 
+def _state(breaker: CircuitBreaker) -> BreakerState:
+    """The breaker's state read afresh: mypy keeps narrowing `breaker.state` from one assert
+    to the next, across the calls that change it."""
+    return breaker.state
+
+
 def _breaker(clock: FakeClock, threshold: int = 3) -> CircuitBreaker:
     return CircuitBreaker(
         threshold=threshold, cooldown_s=10.0, cap_s=60.0, rng=random.Random(3), clock=clock
@@ -108,10 +114,10 @@ def test_breaker_probes_once_after_a_jittered_cooldown() -> None:
     assert 5.0 <= wait <= 10.0  # half to all of the first cooldown
     clock.now += wait
     assert breaker.permit() is Permit.PROBE
-    assert breaker.state is BreakerState.HALF_OPEN
+    assert _state(breaker) is BreakerState.HALF_OPEN
     assert breaker.permit() is None  # the probe is out: wait for it
     assert breaker.record_success()
-    assert breaker.state is BreakerState.CLOSED
+    assert _state(breaker) is BreakerState.CLOSED
     assert breaker.permit() is Permit.CLAIM
 
 

@@ -20,7 +20,7 @@ from relayd.models import (
 )
 from relayd.retry import Backoff
 from relayd.settlement import Settled, SettlementPlan, plan
-from tests.unit.test_models import claimed
+from tests.support import claimed
 
 MAX_ATTEMPTS = 3
 RESET = SinkDown("connection reset mid-request")  # reached the sink, not severe

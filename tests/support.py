@@ -1,0 +1,309 @@
+"""What the tests share: the test database's types, the in-process relay helpers, a
+pure-test claimed row, and a TCP proxy that cuts PostgreSQL away. Helpers and types only:
+the fixtures stay in the conftest.py files (pytest finds them there) and import from here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+import asyncpg
+
+from relayd.config import Settings
+from relayd.daemon import Daemon
+from relayd.metrics import RelayMetrics
+from relayd.models import ClaimedRow, OutboxTable
+from relayd.producer import enqueue_many, new_job, uuid7
+from relayd.testing.emulator import RunningEmulator
+
+# --- the test database ------------------------------------------------------------------
+
+DEFAULT_TABLE = OutboxTable.parse("relayd.outbox")
+
+
+def dsn_for(server_dsn: str, database: str) -> str:
+    """The same server, another database."""
+    parts = urlsplit(server_dsn)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{database}", parts.query, parts.fragment))
+
+
+def secret_dsn(dsn: str, query: str = "") -> str:
+    """`dsn` with the password `hunter2`, which must never show (trust auth ignores it), and
+    `query` appended (the embedded server's DSN already has one: ?host=<socket directory>)."""
+    dsn = re.sub(r"://([^:@/]+)(?::[^@/]*)?@", r"://\1:hunter2@", dsn, count=1)
+    if not query:
+        return dsn
+    return f"{dsn}{'&' if '?' in dsn else '?'}{query}"
+
+
+@dataclass(frozen=True)
+class PgServer:
+    admin_dsn: str
+    template: str
+
+    def dsn(self, database: str) -> str:
+        return dsn_for(self.admin_dsn, database)
+
+
+@dataclass(frozen=True)
+class Database:
+    """One test's private database, already migrated for `relayd.outbox`."""
+
+    name: str
+    dsn: str
+    table: OutboxTable = DEFAULT_TABLE
+
+
+# --- the relay, in-process against the emulator -----------------------------------------
+
+# Fast timings so tests finish quickly; every relation the design needs still holds
+# (lease > 2 x attempt deadline).
+FAST: dict[str, dict[str, Any]] = {
+    "relay": {
+        "workers": 4,
+        "batch_size": 50,
+        "lease_s": 10.0,
+        "poll_interval_s": 0.5,
+        "shutdown_grace_s": 2.0,
+    },
+    "sink": {"timeout_s": 2.0, "connect_timeout_s": 1.0, "concurrency": 16},
+    "retry": {
+        "base_s": 0.02,
+        "cap_s": 0.2,
+        "max_attempts": 5,
+        "breaker_threshold": 5,
+        "breaker_cooldown_s": 0.05,
+    },
+    "http": {"enabled": False},
+    "cleanup": {"enabled": False},
+    "log": {"level": "warning", "format": "json"},
+}
+
+
+def relay_settings(dsn: str, sink_url: str, **sections: dict[str, Any]) -> Settings:
+    """Settings for an in-process relay: FAST, overridden section by section."""
+    merged: dict[str, dict[str, Any]] = {name: dict(values) for name, values in FAST.items()}
+    for name, values in sections.items():
+        merged.setdefault(name, {}).update(values)
+    merged.setdefault("database", {})["dsn"] = dsn
+    merged["sink"]["url"] = sink_url
+    return Settings(**merged)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def running(settings: Settings, *, seed: int = 1) -> AsyncIterator[Daemon]:
+    """A relay daemon running in this event loop; drained and awaited on exit."""
+    daemon = Daemon(settings, metrics=RelayMetrics(), rng=random.Random(seed))
+    task = asyncio.create_task(daemon.run(), name="daemon-under-test")
+    ready = asyncio.create_task(daemon.ready.wait())
+    await asyncio.wait([task, ready], return_when=asyncio.FIRST_COMPLETED)
+    ready.cancel()
+    if task.done():
+        task.result()  # raise what startup raised
+        raise AssertionError("the daemon exited during startup")
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+        code = await task
+        assert code == 0, f"daemon exit code {code}"
+
+
+async def run_until_idle(settings: Settings, *, seed: int = 1, timeout_s: float = 60.0) -> Daemon:
+    """Run a relay daemon until nothing is pending (every row published or dead-lettered),
+    then return it (for its metrics) once it drained and exited 0."""
+    daemon = Daemon(settings, metrics=RelayMetrics(), rng=random.Random(seed), until_idle=True)
+    async with asyncio.timeout(timeout_s):
+        code = await daemon.run()
+    assert code == 0, f"daemon exit code {code}"
+    return daemon
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], *, timeout_s: float = 30.0) -> None:
+    """Await until `check()` holds, re-checking every 20 ms; fail after `timeout_s`."""
+    async with asyncio.timeout(timeout_s):
+        # The state lives in PostgreSQL, which cannot signal this loop: poll under a deadline.
+        while not await check():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+
+
+async def produce(
+    conn: asyncpg.Connection, count: int, *, job_type: str = "test.echo", **job: Any
+) -> list[str]:
+    """Commit `count` outbox rows the way an application would; returns their ids."""
+    jobs = [new_job(job_type, [{"n": i}], **job) for i in range(count)]
+    async with conn.transaction():
+        await enqueue_many(conn, jobs)
+    return [str(j["id"]) for j in jobs]
+
+
+async def pending(conn: asyncpg.Connection) -> int:
+    """How many rows are neither published nor dead-lettered."""
+    value: int = await conn.fetchval(
+        "SELECT count(*) FROM relayd.outbox WHERE published_at IS NULL AND dead_at IS NULL"
+    )
+    return value
+
+
+async def drained(conn: asyncpg.Connection) -> bool:
+    """Nothing is pending."""
+    return await pending(conn) == 0
+
+
+def claimed(job_bytes: int = 0, **job: Any) -> ClaimedRow:
+    """A claimed row for pure tests; `job_bytes` pads args to about that size."""
+    event_id = uuid7()
+    body: dict[str, Any] = {"id": event_id, "type": "t.x", "args": []} | job
+    if job_bytes:
+        filler = max(job_bytes - len(json.dumps(body)) - 4, 0)
+        body["args"] = ["x" * filler]
+    return ClaimedRow(
+        event_id=event_id,
+        job=json.dumps(body).encode(),
+        attempts=1,
+        previous_attempt_at=None,
+        age_s=0.0,
+    )
+
+
+# --- the emulator's own tests -----------------------------------------------------------
+
+# The `start` fixture: start an emulator with a config (None: the spec's defaults).
+StartEmulator = Callable[..., Awaitable[RunningEmulator]]
+
+
+# --- a TCP path to PostgreSQL that a test can cut ---------------------------------------
+
+
+class TcpProxy:
+    """A TCP proxy a test can cut and restore: PostgreSQL "goes away" without stopping it.
+
+    It listens on 127.0.0.1 and forwards to a TCP address or a Unix socket (the embedded
+    server listens on a socket only). `cut()` closes every connection and stops listening,
+    so new connections are refused; `restore()` listens again on the same port.
+    `reply_delay_s` holds back what the server sends (in order, each chunk by the delay in
+    force when it arrived): a slow link, or a server whose answers arrive after the client
+    gave up on them.
+    """
+
+    def __init__(
+        self, *, host: str | None = None, port: int | None = None, unix_path: str | None = None
+    ) -> None:
+        self._target_host, self._target_port, self._unix_path = host, port, unix_path
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._pumps: set[asyncio.Task[None]] = set()
+        self.port = 0
+        self.reply_delay_s = 0.0
+
+    @classmethod
+    def for_dsn(cls, dsn: str) -> TcpProxy:
+        """A proxy in front of the server of `dsn` (start it, then use `dsn_through`)."""
+        parts = urlsplit(dsn)
+        socket_dir = parse_qs(parts.query).get("host", [""])[0]
+        if socket_dir.startswith("/"):
+            port = parts.port or 5432
+            proxy = cls(unix_path=str(Path(socket_dir) / f".s.PGSQL.{port}"))
+        else:
+            proxy = cls(host=parts.hostname or "127.0.0.1", port=parts.port or 5432)
+        return proxy
+
+    def dsn_through(self, dsn: str) -> str:
+        """`dsn` rewritten to connect through this proxy."""
+        parts = urlsplit(dsn)
+        user = parts.username or "postgres"
+        auth = f"{user}:{parts.password}@" if parts.password else f"{user}@"
+        return urlunsplit((parts.scheme, f"{auth}127.0.0.1:{self.port}", parts.path, "", ""))
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        """Refuse new connections and reset the open ones."""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def restore(self) -> None:
+        await self.start()
+
+    async def close(self) -> None:
+        await self.cut()
+        for pump in list(self._pumps):
+            pump.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            if self._unix_path is not None:
+                up_reader, up_writer = await asyncio.open_unix_connection(self._unix_path)
+            else:
+                assert self._target_host is not None
+                assert self._target_port is not None
+                up_reader, up_writer = await asyncio.open_connection(
+                    self._target_host, self._target_port
+                )
+        except OSError:
+            writer.transport.abort()
+            return
+        self._writers.update((writer, up_writer))
+        pumps = [
+            asyncio.create_task(self._pump(reader, up_writer)),
+            asyncio.create_task(self._pump_delayed(up_reader, writer)),
+        ]
+        self._pumps.update(pumps)
+        await asyncio.gather(*pumps, return_exceptions=True)
+        self._pumps.difference_update(pumps)
+        for end in (writer, up_writer):
+            end.transport.abort()
+            self._writers.discard(end)
+
+    @staticmethod
+    async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, ConnectionError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.transport.abort()
+
+    async def _pump_delayed(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Forward the server's bytes, each chunk `reply_delay_s` after it arrived."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def deliver() -> None:
+            while True:
+                due, data = await queue.get()
+                if not data:
+                    return
+                await asyncio.sleep(max(due - loop.time(), 0.0))
+                writer.write(data)
+                await writer.drain()
+
+        delivering = asyncio.create_task(deliver())
+        try:
+            with contextlib.suppress(OSError, ConnectionError):
+                while data := await reader.read(65536):
+                    queue.put_nowait((loop.time() + self.reply_delay_s, data))
+                queue.put_nowait((loop.time(), b""))
+                await delivering
+        finally:
+            delivering.cancel()
+            await asyncio.gather(delivering, return_exceptions=True)
+            writer.transport.abort()
