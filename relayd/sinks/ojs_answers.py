@@ -76,7 +76,8 @@ def parse_json(body: bytes) -> Any:
 
 
 def parse_error(body: bytes) -> SinkError:
-    """`{"error": {...}}`, `{"code": ...}` or `{"error": "Code", "message": ...}` (§1.4)."""
+    """`{"error": {...}}`, `{"code": ...}` or `{"error": "Code", "message": ...}`
+    (docs/ojs.md#error-bodies)."""
     data = parse_json(body)
     if not isinstance(data, dict):
         return SinkError(code=None, message=None, details={})

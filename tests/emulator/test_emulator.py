@@ -246,13 +246,13 @@ async def test_spec409_rejects_reused_id_and_keeps_the_stored_job(
 async def test_gateway_reuse_in_another_queue_is_500(
     start: StartEmulator, http: aiohttp.ClientSession
 ) -> None:
-    """Guide gateway: same id, same queue → 409; same id, another queue → 500 internal_error."""
+    """Gateway variant: same id, same queue → 409; same id, another queue → 500 internal_error."""
     running = await start(EmulatorConfig.gateway_variant())
     first: dict[str, Any] = {
         "id": uuid7(),
         "type": "order.fulfill",
         "args": [{"order_id": 42}],
-        "queue": "guide",
+        "queue": "gateway",
     }
     assert (await call(http, "POST", running.url + JOBS, first)).status == 201
     same_queue = await call(http, "POST", running.url + JOBS, first)
@@ -311,12 +311,12 @@ async def test_queue_source_options_ignores_top_level_queue(
 ) -> None:
     """options: a top-level queue is only echoed (shadowing GET's queue); the job is in default."""
     running = await start(EmulatorConfig(queue_source="options"))
-    sent = {**job(), "queue": "guide-jobs"}
+    sent = {**job(), "queue": "gateway-jobs"}
     answer = await call(http, "POST", running.url + JOBS, sent)
-    assert answer.body["job"]["queue"] == "guide-jobs"  # the reference MarshalJSON trap
+    assert answer.body["job"]["queue"] == "gateway-jobs"  # the reference MarshalJSON trap
     assert running.emulator.ledger()[sent["id"]].queue == "default"
     other = await call(
-        http, "POST", running.url + "/ojs/v1/workers/fetch", {"queues": ["guide-jobs"]}
+        http, "POST", running.url + "/ojs/v1/workers/fetch", {"queues": ["gateway-jobs"]}
     )
     assert other.body["jobs"] == []
     default = await call(
@@ -330,10 +330,10 @@ async def test_queue_source_top_level_reads_top_level_queue(
 ) -> None:
     """top_level: the job goes to the top-level queue, options.queue is ignored."""
     running = await start(EmulatorConfig(queue_source="top_level"))
-    sent = {**job(queue="ignored"), "queue": "guide-jobs"}
+    sent = {**job(queue="ignored"), "queue": "gateway-jobs"}
     answer = await call(http, "POST", running.url + JOBS, sent)
-    assert answer.body["job"]["queue"] == "guide-jobs"
-    assert running.emulator.ledger()[sent["id"]].queue == "guide-jobs"
+    assert answer.body["job"]["queue"] == "gateway-jobs"
+    assert running.emulator.ledger()[sent["id"]].queue == "gateway-jobs"
     bad = await call(http, "POST", running.url + JOBS, {**job(), "queue": "Bad!"})
     assert bad.status == 400
 

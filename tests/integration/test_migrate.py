@@ -1,4 +1,5 @@
-"""`relayd migrate`: idempotent, serialised, adopting the guide's outbox (design.md §2)."""
+"""`relayd migrate`: idempotent, serialised, adopting an outbox made with the minimal DDL
+(`event_id`, `job`, `created_at`, `published_at`)."""
 
 from __future__ import annotations
 
@@ -15,18 +16,18 @@ from relayd.models import OutboxTable
 from relayd.store import Store
 from tests.support import Database
 
-GUIDE_DDL = """
-CREATE SCHEMA guide_app;
-CREATE TABLE guide_app.outbox (
+MINIMAL_DDL = """
+CREATE SCHEMA legacy_app;
+CREATE TABLE legacy_app.outbox (
     event_id UUID PRIMARY KEY,
     job JSONB NOT NULL CHECK (job ? 'id' AND job->>'id' = event_id::TEXT),
     created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     published_at TIMESTAMPTZ
 );
-CREATE INDEX outbox_unsent ON guide_app.outbox (created_at, event_id)
+CREATE INDEX outbox_unsent ON legacy_app.outbox (created_at, event_id)
     WHERE published_at IS NULL;
 """
-GUIDE_ROWS = [
+MINIMAL_ROWS = [
     ("018f0000-0000-7000-8000-000000000042", '{"version":1,"order_id":42}', None),
     ("018f0000-0000-7000-8000-000000000043", '{"version":1,"order_id":43}', "now()"),
 ]
@@ -97,29 +98,29 @@ async def test_concurrent_migrate_processes_serialise(
         await conn.close()
 
 
-async def test_adopts_guide_shaped_outbox_keeping_rows(empty_database: Database) -> None:
-    """A table made with the guide's DDL keeps its rows and gains the relay columns."""
+async def test_adopts_a_minimal_outbox_keeping_rows(empty_database: Database) -> None:
+    """A table made with the minimal outbox DDL keeps its rows and gains the relay columns."""
     conn = await asyncpg.connect(empty_database.dsn)
     try:
-        await conn.execute(GUIDE_DDL)
-        for event_id, args, published in GUIDE_ROWS:
+        await conn.execute(MINIMAL_DDL)
+        for event_id, args, published in MINIMAL_ROWS:
             job = json.dumps(
                 {
                     "id": event_id,
                     "type": "order.fulfill",
                     "args": [json.loads(args)],
-                    "queue": "guide-jobs",
+                    "queue": "gateway-jobs",
                 }
             )
             await conn.execute(
-                "INSERT INTO guide_app.outbox (event_id, job, published_at) "
+                "INSERT INTO legacy_app.outbox (event_id, job, published_at) "
                 f"VALUES ($1, $2, {published or 'NULL'})",
                 event_id,
                 job,
             )
-        # A row the relay could never publish: args is an object (the guide's check allows it).
+        # A row the relay could never publish: args is an object (the table's own check allows it).
         await conn.execute(
-            "INSERT INTO guide_app.outbox (event_id, job) VALUES ($1, $2)",
+            "INSERT INTO legacy_app.outbox (event_id, job) VALUES ($1, $2)",
             "018f0000-0000-7000-8000-000000000044",
             '{"id":"018f0000-0000-7000-8000-000000000044","type":"order.fulfill","args":{}}',
         )
@@ -132,16 +133,16 @@ async def test_adopts_guide_shaped_outbox_keeping_rows(empty_database: Database)
         ):
             event_id = f"018f0000-0000-7000-8000-0000000000{n}"
             await conn.execute(
-                "INSERT INTO guide_app.outbox (event_id, job, created_at, published_at) "
+                "INSERT INTO legacy_app.outbox (event_id, job, created_at, published_at) "
                 f"VALUES ($1, $2, '{created}', {published})",
                 event_id,
                 json.dumps({"id": event_id, "type": "order.fulfill", "args": []}),
             )
         before = await conn.fetch(
-            "SELECT event_id, job, created_at, published_at FROM guide_app.outbox ORDER BY 1"
+            "SELECT event_id, job, created_at, published_at FROM legacy_app.outbox ORDER BY 1"
         )
 
-        table = OutboxTable.parse("guide_app.outbox")
+        table = OutboxTable.parse("legacy_app.outbox")
         store = await Store.connect(empty_database.dsn, table, max_size=2)
         try:
             report = await migrate(store)
@@ -152,7 +153,7 @@ async def test_adopts_guide_shaped_outbox_keeping_rows(empty_database: Database)
 
         after = await conn.fetch(
             "SELECT event_id, job, created_at, published_at, attempts, dead_reason "
-            "FROM guide_app.outbox ORDER BY 1"
+            "FROM legacy_app.outbox ORDER BY 1"
         )
         assert [tuple(r)[:4] for r in after] == [tuple(r) for r in before]
         assert [r["attempts"] for r in after] == [0] * 6
@@ -164,8 +165,8 @@ async def test_adopts_guide_shaped_outbox_keeping_rows(empty_database: Database)
             "invalid_envelope",  # created_at infinity, pending
             None,  # created_at infinity, but published long ago
         ]
-        assert await _ledger(conn, "guide_app") == [
-            ("guide_app.outbox", m.version) for m in load_migrations()
+        assert await _ledger(conn, "legacy_app") == [
+            ("legacy_app.outbox", m.version) for m in load_migrations()
         ]
     finally:
         await conn.close()

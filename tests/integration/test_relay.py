@@ -1,5 +1,5 @@
-"""The relay engine against real PostgreSQL and the OJS emulator over loopback (design.md
-§1 C1-C8, §3 the cycle)."""
+"""The relay engine against real PostgreSQL and the OJS emulator over loopback: the claim ->
+publish -> settle cycle and docs/contract.md C1-C8."""
 
 from __future__ import annotations
 
@@ -327,7 +327,7 @@ async def test_poll_only_without_listen(
 async def test_claim_is_an_index_scan_on_a_large_backlog(
     conn: asyncpg.Connection, store: Store
 ) -> None:
-    """The claim reads the partial claim index in order whatever the backlog (design.md §2)."""
+    """The claim reads the partial claim index in order whatever the backlog (C4)."""
     await conn.execute(
         """
         INSERT INTO relayd.outbox (event_id, job, available_at)
@@ -347,13 +347,13 @@ async def test_claim_is_an_index_scan_on_a_large_backlog(
     assert '"Seq Scan"' not in text
 
 
-async def test_guide_gateway_dialect_with_top_level_queue(
+async def test_gateway_variant_with_top_level_queue(
     database: Database, conn: asyncpg.Connection
 ) -> None:
-    """The guide's envelopes (top-level queue) on the guide's gateway: a lost answer is
-    reconciled by comparing the GET's queue with the top-level one (ojs-protocol.md §0)."""
+    """Envelopes routed by a top-level queue, on the gateway variant that reads it: a lost
+    answer is reconciled by comparing the GET's queue with the top-level one."""
     jobs = [
-        {"id": uuid7(), "type": "order.fulfill", "args": [{"order_id": n}], "queue": "guide-jobs"}
+        {"id": uuid7(), "type": "order.fulfill", "args": [{"order_id": n}], "queue": "gateway-jobs"}
         for n in range(20)
     ]
     async with conn.transaction():
@@ -367,4 +367,4 @@ async def test_guide_gateway_dialect_with_top_level_queue(
         assert await drained(conn)
         ledger = sink.emulator.ledger()
     assert await _dead(conn) == {}
-    assert {(e.created, e.queue) for e in ledger.values()} == {(1, "guide-jobs")}
+    assert {(e.created, e.queue) for e in ledger.values()} == {(1, "gateway-jobs")}

@@ -183,10 +183,10 @@ def test_differences_compares_by_meaning(job: dict[str, Any], diff: list[str]) -
 
 
 def test_top_level_queue_is_the_effective_queue_without_options() -> None:
-    """The guide's envelopes route with a top-level queue (ojs-protocol.md §0)."""
-    envelope = _envelope(queue="guide-jobs")
-    assert envelope.queue == "guide-jobs"
-    job = {"id": ID, "type": "order.fulfill", "queue": "guide-jobs", "args": [{"order_id": 42}]}
+    """An envelope routed by a top-level queue (the gateway variant) has that queue."""
+    envelope = _envelope(queue="gateway-jobs")
+    assert envelope.queue == "gateway-jobs"
+    job = {"id": ID, "type": "order.fulfill", "queue": "gateway-jobs", "args": [{"order_id": 42}]}
     assert differences(envelope, job) == []
     assert differences(envelope, job | {"queue": None}) == ["queue"]
 
@@ -275,7 +275,7 @@ def test_the_token_is_redacted_in_every_form_a_sink_may_echo_it() -> None:
     ],
 )
 def test_parse_error_is_lenient(body: bytes, code: str | None, message: str | None) -> None:
-    """Wrapped, unwrapped and string-coded error bodies all parse (ojs-protocol.md §1.4)."""
+    """Wrapped, unwrapped and string-coded error bodies all parse (docs/ojs.md#error-bodies)."""
     error = parse_error(body)
     assert (error.code, error.message) == (code, message)
 

@@ -1,4 +1,4 @@
-"""Envelope validation before any POST (ojs-protocol.md §1.2) and last_error hygiene."""
+"""Envelope validation before any POST (docs/ojs.md#the-request) and last_error hygiene."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_not_json_and_not_an_object() -> None:
 def test_effective_queue_and_batchability() -> None:
     """options.queue wins over a top-level queue; scheduling options are never batched."""
     assert _parse().queue == "default"
-    assert _parse(queue="guide-jobs").queue == "guide-jobs"
+    assert _parse(queue="gateway-jobs").queue == "gateway-jobs"
     assert _parse(queue="a", options={"queue": "b"}).queue == "b"
     assert _parse().batchable
     assert not _parse(options={"delay_until": "2030-01-01T00:00:00Z"}).batchable
