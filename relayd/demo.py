@@ -19,7 +19,6 @@ import shutil
 import sys
 import tempfile
 import time
-import uuid
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,7 +162,8 @@ def _poison_jobs() -> dict[str, dict[str, Any]]:
     return {
         "invalid_envelope": {"id": uuid7(), "type": "Order.Fulfill", "args": []},
         "too_large": new_job("report.attach", ["x" * (2 * 1024 * 1024)]),
-        "sink_rejected": {"id": str(uuid.uuid4()), "type": "order.fulfill", "args": []},
+        # Tags must be strings; relayd does not check their items, the sink does (400).
+        "sink_rejected": new_job("order.fulfill", [], options={"tags": [1, 2]}),
         "sink_unprocessable": new_job("order.fulfill", [], options={"retry": {"max_attempts": -1}}),
     }
 

@@ -93,12 +93,14 @@ FATAL_CONNECT: tuple[type[BaseException], ...] = (
 )
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.M)
+# Section banners between blocks (`-- ====`) organise the file; they are not sent to the server.
+_BANNER_LINE = re.compile(r"^-- =+\n(?:-- .*\n)*?-- =+\s*$", re.M)
 
 
 def load_queries(table: OutboxTable) -> dict[str, str]:
     """Read the named blocks and bind the table identifiers into them, once."""
     text = resources.files("relayd").joinpath("sql/queries.sql").read_text(encoding="utf-8")
-    pieces = _NAME_LINE.split(text)
+    pieces = _NAME_LINE.split(_BANNER_LINE.sub("", text))
     queries: dict[str, str] = {}
     for name, body in zip(pieces[1::2], pieces[2::2], strict=True):
         queries[name] = render(body.strip(), table)
@@ -216,7 +218,7 @@ class Store:
     # --- the cycle ----------------------------------------------------------------------
 
     async def claim(self, limit: int, owner: uuid.UUID, lease_s: float) -> list[ClaimedRow]:
-        records = await self._fetch("claim", limit, owner, lease_s)
+        records = await self._fetch("claim", limit, owner, lease_s, str(self.table))
         return [
             ClaimedRow(
                 event_id=r["event_id"],
@@ -338,6 +340,12 @@ class Store:
                     )
                     applied_now.append(step.version)
         return ledger, applied_now
+
+    # --- the backlog as operators see it: sampler, status, heartbeats --------------------
+
+    # --- dead letters, pauses, audit -------------------------------------------------------
+
+    # --- the outbox's health: check, doctor ------------------------------------------------
 
     # --- wakeup ----------------------------------------------------------------------------
 

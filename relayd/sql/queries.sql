@@ -8,11 +8,19 @@
 -- the lease lives in available_at, so an abandoned claim is due again when it expires.
 -- previous_attempt_at is the value before this claim: non-null means an earlier attempt may
 -- have reached the sink, so the relay reconciles with a GET before it POSTs again.
--- params: $1 limit int, $2 owner token uuid, $3 lease_s float8
+-- Paused queues are skipped, so every replica obeys a pause from its next claim. The pause
+-- checks are uncorrelated subqueries, evaluated once per statement: with nothing paused the
+-- queue of a row is never computed, and with everything paused ('*') nothing is scanned.
+-- params: $1 limit int, $2 owner token uuid, $3 lease_s float8, $4 outbox table text
 WITH due AS (
     SELECT event_id, last_attempt_at
     FROM @outbox@
     WHERE published_at IS NULL AND dead_at IS NULL AND available_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $4 AND queue = '*')
+      AND (NOT EXISTS (SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $4)
+           OR @schema@.relayd_effective_queue(job) <> ALL (ARRAY(
+               SELECT queue FROM @schema@.relayd_pauses WHERE outbox_table = $4)))
     ORDER BY available_at, event_id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -156,3 +164,16 @@ VALUES ($1, $2, $3, $4);
 -- Readiness: the database answers.
 -- params: none
 SELECT 1;
+
+-- ============================================================================================
+-- The backlog as operators see it: the sampler's gauges, `relayd status`, relay heartbeats.
+-- ============================================================================================
+
+-- ============================================================================================
+-- Dead letters, pauses and the audit trail: `relayd dlq`, `relayd pause`, `relayd resume`,
+-- and the poison-storm guard's pause.
+-- ============================================================================================
+
+-- ============================================================================================
+-- The outbox's health in the database: `relayd check`, `relayd doctor`.
+-- ============================================================================================

@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import uuid
 
 import asyncpg
 import pytest
 
 from relayd.errors import MigrationError
 from relayd.migrate import load_migrations, migrate
-from relayd.models import OutboxTable
+from relayd.models import LOWER_UUID, OutboxTable
+from relayd.producer import uuid7
 from relayd.store import Store
 from tests.support import Database
 
@@ -90,10 +92,16 @@ async def test_concurrent_migrate_processes_serialise(
     conn = await asyncpg.connect(empty_database.dsn)
     try:
         assert await _ledger(conn) == [("relayd.outbox", m.version) for m in load_migrations()]
-        tables = await conn.fetchval(
-            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'relayd'"
+        tables = await conn.fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'relayd'"
         )
-        assert tables == 2  # the outbox and the ledger
+        assert sorted(r[0] for r in tables) == [
+            "outbox",
+            "relayd_audit",
+            "relayd_instances",
+            "relayd_migrations",
+            "relayd_pauses",
+        ]
     finally:
         await conn.close()
 
@@ -249,3 +257,63 @@ async def test_a_migration_edited_in_comments_only_is_still_applied(
     finally:
         await conn.close()
         await store.close()
+
+
+async def test_a_non_v7_event_id_fails_the_producer_transaction(conn: asyncpg.Connection) -> None:
+    """OJS servers accept only UUIDv7 ids: a v4 id (gen_random_uuid()) is refused at INSERT,
+    naming the check; relayd_uuidv7() makes ids the check and the sink accept."""
+    body = '{"id": "%s", "type": "order.fulfill", "args": []}'
+    with pytest.raises(asyncpg.CheckViolationError, match="relayd_event_id_is_uuidv7"):
+        await conn.execute(
+            "INSERT INTO relayd.outbox (event_id, job) "
+            "SELECT id, format($1, id)::jsonb FROM (SELECT gen_random_uuid() AS id) s",
+            body,
+        )
+    ids = await conn.fetch(
+        "INSERT INTO relayd.outbox (event_id, job) "
+        "SELECT id, format($1, id)::jsonb "
+        "FROM (SELECT relayd.relayd_uuidv7() AS id FROM generate_series(1, 50)) s "
+        "RETURNING event_id::text",
+        body,
+    )
+    assert len({r[0] for r in ids}) == 50
+    assert all(LOWER_UUID.match(r[0]) and r[0][14] == "7" and r[0][19] in "89ab" for r in ids)
+
+
+async def test_migrate_dead_letters_pending_non_v7_rows_of_an_adopted_outbox(
+    empty_database: Database,
+) -> None:
+    """Adopting an outbox whose pending rows carry v4 ids: they are dead-lettered (kept), a
+    published one is left as it is, and the v7 rows stay pending."""
+    conn = await asyncpg.connect(empty_database.dsn)
+    try:
+        await conn.execute(MINIMAL_DDL)
+        v4_pending, v4_published = str(uuid.uuid4()), str(uuid.uuid4())
+        v7 = uuid7()
+        for event_id, published in ((v4_pending, "NULL"), (v4_published, "now()"), (v7, "NULL")):
+            await conn.execute(
+                "INSERT INTO legacy_app.outbox (event_id, job, published_at) "
+                f"VALUES ($1, $2, {published})",
+                event_id,
+                json.dumps({"id": event_id, "type": "order.fulfill", "args": []}),
+            )
+        store = await Store.connect(
+            empty_database.dsn, OutboxTable.parse("legacy_app.outbox"), max_size=2
+        )
+        try:
+            await migrate(store)
+        finally:
+            await store.close()
+        rows = {
+            r["event_id"]: (r["dead_reason"], r["published_at"] is not None)
+            for r in await conn.fetch(
+                "SELECT event_id::text, dead_reason, published_at FROM legacy_app.outbox"
+            )
+        }
+    finally:
+        await conn.close()
+    assert rows == {
+        v4_pending: ("invalid_envelope", False),
+        v4_published: (None, True),
+        v7: (None, False),
+    }

@@ -197,11 +197,11 @@ async def test_id_collision_is_dead_lettered_as_conflict(
 
 def _poison_jobs() -> dict[str, dict[str, Any]]:
     big = new_job("test.big", ["x" * (2 * 1024 * 1024)])
-    v4 = str(uuid.uuid4())  # a lowercase UUID, but not v7: the sink answers 400
     return {
         "invalid_envelope": {"id": uuid7(), "type": "test.echo", "args": {"n": 1}},
         "too_large": big,
-        "sink_rejected": {"id": v4, "type": "test.echo", "args": []},
+        # Tags must be strings: relayd does not check their items, the sink answers 400.
+        "sink_rejected": new_job("test.echo", [], options={"tags": [1, 2]}),
         "sink_unprocessable": new_job("test.echo", [], options={"retry": {"max_attempts": -1}}),
     }
 
@@ -333,7 +333,7 @@ async def test_claim_is_an_index_scan_on_a_large_backlog(
         INSERT INTO relayd.outbox (event_id, job, available_at)
         SELECT id, jsonb_build_object('id', id::text, 'type', 't.x', 'args', '[]'::jsonb),
                now() - (n || ' seconds')::interval
-        FROM (SELECT gen_random_uuid() AS id, n FROM generate_series(1, 50000) n) s
+        FROM (SELECT relayd.relayd_uuidv7() AS id, n FROM generate_series(1, 50000) n) s
         """
     )
     await conn.execute("UPDATE relayd.outbox SET published_at = now() WHERE random() < 0.5")
@@ -341,7 +341,9 @@ async def test_claim_is_an_index_scan_on_a_large_backlog(
     from relayd.store import load_queries  # noqa: PLC0415
 
     claim = load_queries(store.table)["claim"]
-    plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {claim}", 100, uuid.uuid4(), 30.0)
+    plan = await conn.fetchval(
+        f"EXPLAIN (FORMAT JSON) {claim}", 100, uuid.uuid4(), 30.0, str(store.table)
+    )
     text = json.dumps(plan)
     assert "outbox_relayd_claim" in text
     assert '"Seq Scan"' not in text
