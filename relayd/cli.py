@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from relayd import __version__
-from relayd.config import Settings, load_settings
+from relayd.config import Settings, describe_config_source, example_config, load_settings
 from relayd.errors import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -47,18 +47,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+_CONFIG_HELP = "TOML file (default: $RELAYD_CONFIG, else /etc/relayd/config.toml)"
+
+
 def build_parser() -> argparse.ArgumentParser:
+    # `--config` is accepted before and after the subcommand. The subcommands' copy has no
+    # default of its own: with one, `relayd --config X migrate` would silently drop X.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--config",
-        metavar="PATH",
-        help="TOML file (default: $RELAYD_CONFIG, else /etc/relayd/config.toml)",
-    )
+    common.add_argument("--config", metavar="PATH", default=argparse.SUPPRESS, help=_CONFIG_HELP)
     parser = argparse.ArgumentParser(
         prog="relayd",
         description="Publish committed PostgreSQL outbox rows to an Open Job Spec server.",
-        parents=[common],
     )
+    parser.add_argument("--config", metavar="PATH", help=_CONFIG_HELP)
     parser.add_argument("--version", action="version", version=f"relayd {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -78,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument("--json", action="store_true", help="print JSON instead of TOML")
     show.set_defaults(handler=_config_show)
+    example = config_commands.add_parser(
+        "example", help="print the example configuration (every key, its default and meaning)"
+    )
+    example.set_defaults(handler=_config_example)
 
     demo = commands.add_parser(
         "demo", help="run the main job end to end on an embedded PostgreSQL and the emulator"
@@ -192,7 +197,17 @@ def _emulator(args: argparse.Namespace) -> int:
 
 def _config_show(args: argparse.Namespace) -> int:
     data = _settings(args).redacted()
-    print(json.dumps(data, indent=2) if args.json else to_toml(data))
+    source = describe_config_source(args.config)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        print(f"relayd: {source}", file=sys.stderr)  # stdout stays pure JSON
+    else:
+        print(f"# {source}\n{to_toml(data)}", end="")
+    return EXIT_OK
+
+
+def _config_example(_args: argparse.Namespace) -> int:
+    print(example_config(), end="")
     return EXIT_OK
 
 

@@ -13,6 +13,7 @@ import ssl
 import tomllib
 from collections.abc import Mapping
 from contextvars import ContextVar
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlparse, urlsplit, urlunsplit
@@ -439,6 +440,24 @@ def resolve_config_path(
     if from_env:
         return Path(from_env), True
     return DEFAULT_CONFIG_PATH, False
+
+
+def describe_config_source(explicit: str | Path | None = None) -> str:
+    """Which file `load_settings(explicit)` reads, for `relayd config show`."""
+    path, _required = resolve_config_path(explicit)
+    if path.is_file():
+        return f"configuration file: {path}"
+    return f"no configuration file at {path}: defaults and environment only"
+
+
+def example_config() -> str:
+    """The shipped example configuration: inside the installed wheel, else the checkout's."""
+    packaged = resources.files("relayd").joinpath("config.example.toml")
+    if packaged.is_file():
+        return packaged.read_text(encoding="utf-8")
+    return (Path(__file__).resolve().parent.parent / "config.example.toml").read_text(
+        encoding="utf-8"
+    )
 
 
 def load_settings(path: str | Path | None = None) -> Settings:

@@ -265,7 +265,8 @@ async def run_daemon(settings: Settings) -> int:
     configure_logging(settings.log.level, settings.log.format)
     daemon = Daemon(settings)
     loop = asyncio.get_running_loop()
-    signals = (signal.SIGTERM, signal.SIGINT)
+    # SIGHUP (a closed terminal) drains like SIGTERM rather than killing the process.
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
     log = get_logger("daemon")
 
     def on_signal(signum: int) -> None:

@@ -63,14 +63,24 @@ class Summary:
 
 def run_demo(rows: int) -> int:
     """Run the demo; returns the process exit code."""
-    try:
-        return asyncio.run(_demo(rows))
-    except KeyboardInterrupt:
-        return 130
-
-
-async def _demo(rows: int) -> int:
     base = Path(tempfile.mkdtemp(prefix="relayd-demo-"))
+    try:
+        return asyncio.run(_demo(base, rows))
+    except BaseException as exc:
+        # Keep what can explain the failure (the children's logs); leave no empty directory.
+        if any(base.glob("*.log")):
+            print(f"  logs kept in {base}", file=sys.stderr)
+        else:
+            shutil.rmtree(base, ignore_errors=True)
+        if isinstance(exc, KeyboardInterrupt):
+            return 130
+        if isinstance(exc, RuntimeError | OSError):  # no embedded server, a child not starting
+            print(f"relayd: demo failed: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+async def _demo(base: Path, rows: int) -> int:
     print("relayd demo")
     async with AsyncExitStack() as stack:
         pg = EmbeddedPostgres(base / "pg").start()

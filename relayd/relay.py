@@ -108,7 +108,9 @@ class BreakerGate:
 
     def _publish_state(self, event: str, **fields: object) -> None:
         self._metrics.set_breaker(self._breaker.state)
-        self._log.warning(event, state=self._breaker.state.name.lower(), **fields)
+        # Opening is news an operator must see; probing and closing again are recovery.
+        log = self._log.warning if self._breaker.state is BreakerState.OPEN else self._log.info
+        log(event, state=self._breaker.state.name.lower(), **fields)
         self._changed.notify()
 
 

@@ -154,3 +154,33 @@ async def test_second_signal_exits_at_once(
             await conn.fetchval("SELECT count(*) FROM relayd.outbox WHERE lease_owner IS NOT NULL")
             > 0
         )
+
+
+async def test_sighup_drains_like_sigterm(
+    database: Database, conn: asyncpg.Connection, cli_env: dict[str, str]
+) -> None:
+    """A closed terminal (SIGHUP) drains and exits 0 instead of killing relayd mid-batch."""
+    await produce(conn, 200)
+    async with await start_emulator() as sink:
+        sink.emulator.add_fault(
+            FaultRule(
+                action="latency", method="POST", path_prefix="/ojs/v1/jobs", delay_ms=20, times=None
+            )
+        )
+        process = await _start(_env(cli_env, database.dsn, sink.url))
+        try:
+            async with asyncio.timeout(60):
+                await sink.emulator.wait_until(lambda e: len(e.ledger()) >= 20)
+            process.send_signal(signal.SIGHUP)
+            async with asyncio.timeout(GRACE_S + 15):
+                _, stderr = await process.communicate()
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    assert process.returncode == 0, stderr.decode()[-2000:]
+    events = _events(stderr)
+    assert events["daemon.signal"]["signal"] == "SIGHUP"
+    assert events["daemon.stopped"]["abandoned"] == 0
+    leased = await conn.fetchval("SELECT count(*) FROM relayd.outbox WHERE lease_owner IS NOT NULL")
+    assert leased == 0

@@ -62,6 +62,24 @@ def test_installed_wheel_finds_its_migrations(installed_wheel: Path, tmp_path: P
     assert found["versions"][0] == 1
 
 
+def test_installed_wheel_ships_the_example_configuration(
+    installed_wheel: Path, tmp_path: Path
+) -> None:
+    """`relayd config example` from the installed wheel (no source tree) prints the example."""
+    result = subprocess.run(
+        [sys.executable, "-m", "relayd", "config", "example"],
+        env=_env(installed_wheel),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (ROOT / "config.example.toml").read_text()
+    assert (installed_wheel / "relayd" / "config.example.toml").is_file()
+
+
 def test_installed_wheel_migrates_a_database(
     installed_wheel: Path, empty_database: Database, tmp_path: Path
 ) -> None:

@@ -3,11 +3,15 @@ fake clock."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from datetime import UTC, datetime
 
 import pytest
+import structlog
 
+from relayd.metrics import RelayMetrics
+from relayd.relay import BreakerGate
 from relayd.retry import Backoff, BreakerState, CircuitBreaker, Permit, parse_retry_after
 
 
@@ -147,3 +151,23 @@ def test_probe_that_told_nothing_can_be_retried() -> None:
     assert breaker.permit() is Permit.PROBE
     breaker.end_probe()
     assert breaker.permit() is Permit.PROBE
+
+
+async def test_breaker_logs_opening_as_a_warning_and_recovery_as_info() -> None:
+    """`breaker.opened` is a warning; `breaker.probing` and `breaker.closed` are recovery
+    (info), so `journalctl -p warning` shows only what needs attention."""
+    clock = FakeClock()
+    breaker = CircuitBreaker(
+        threshold=1, cooldown_s=10.0, cap_s=60.0, rng=random.Random(3), clock=clock
+    )
+    gate = BreakerGate(breaker, RelayMetrics(), asyncio.Event())
+    with structlog.testing.capture_logs() as logs:
+        gate.sink_failed(severe=False)
+        clock.now += 60
+        assert await gate.acquire() is Permit.PROBE
+        gate.sink_ok()
+    assert [(entry["event"], entry["log_level"]) for entry in logs] == [
+        ("breaker.opened", "warning"),
+        ("breaker.probing", "info"),
+        ("breaker.closed", "info"),
+    ]
