@@ -66,6 +66,22 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", parents=[common], help="run the relay until signalled")
     run.set_defaults(handler=_run)
 
+    check = commands.add_parser(
+        "check",
+        parents=[common],
+        help="can relayd run here? configuration, database, schema, privileges, sink, clock",
+    )
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.set_defaults(handler=_check)
+
+    doctor = commands.add_parser(
+        "doctor",
+        parents=[common],
+        help="the outbox's health in PostgreSQL: vacuum, the xmin horizon, the claim's plan",
+    )
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.set_defaults(handler=_doctor)
+
     migrate = commands.add_parser(
         "migrate", parents=[common], help="create or upgrade the outbox table (idempotent)"
     )
@@ -133,6 +149,44 @@ def _run(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     return asyncio.run(run_daemon(settings))
+
+
+def _check(args: argparse.Namespace) -> int:
+    from relayd.check import failed, run_checks  # noqa: PLC0415
+
+    settings = _settings(args)
+    lines = asyncio.run(run_checks(settings, describe_config_source(args.config)))
+    if args.json:
+        print(json.dumps([line.as_json() for line in lines], indent=2))
+    else:
+        print("\n".join(line.render() for line in lines))
+    return EXIT_FAILURE if failed(lines) else EXIT_OK
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from relayd.doctor import diagnose  # noqa: PLC0415
+    from relayd.store import Store  # noqa: PLC0415
+
+    settings = _settings(args)
+
+    async def examine() -> Any:
+        store = await Store.connect(
+            settings.dsn,
+            settings.outbox.outbox_table,
+            max_size=2,
+            connect_timeout_s=settings.database.connect_timeout_s,
+            statement_timeout_s=settings.database.statement_timeout_s,
+        )
+        try:
+            return await diagnose(
+                store, lease_s=settings.relay.lease_s, batch_size=settings.relay.batch_size
+            )
+        finally:
+            await store.close()
+
+    diagnosis = asyncio.run(examine())
+    print(diagnosis.as_json() if args.json else diagnosis.render())
+    return EXIT_FAILURE if diagnosis.failed else EXIT_OK
 
 
 def _migrate(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from relayd.errors import EXIT_FAILURE, EXIT_OK, DatabaseUnavailable, WorkerCras
 from relayd.listener import listen_for_inserts
 from relayd.logs import configure_logging, get_logger
 from relayd.metrics import RelayMetrics
+from relayd.migrate import require_current
 from relayd.reconnect import DatabaseRetry
 from relayd.relay import BreakerGate, RelayContext, RelayWorker
 from relayd.retry import Backoff, BreakerState, CircuitBreaker
@@ -100,7 +101,7 @@ class Daemon:
                 self._log.info("daemon.stopped", released=0, abandoned=0, exit_code=EXIT_OK)
                 return EXIT_OK
             stack.push_async_callback(store.close)
-            await store.check_schema()
+            await require_current(store)
             ctx = self.make_context(store)
             await ctx.sink.start()
             stack.push_async_callback(ctx.sink.close)

@@ -13,7 +13,7 @@ from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
 
-from relayd.errors import MigrationError
+from relayd.errors import MigrationError, SchemaError
 from relayd.models import OutboxTable
 from relayd.store import MigrationStep, Store, render
 
@@ -85,6 +85,20 @@ async def migrate(store: Store, migrations: list[Migration] | None = None) -> Mi
     applied = [by_version[v] for v in applied_now]
     already = [by_version[e.version] for e in ledger if e.version in by_version]
     return MigrationReport(applied=applied, already=already)
+
+
+async def require_current(store: Store, migrations: list[Migration] | None = None) -> None:
+    """`SchemaError` unless every migration this relayd ships is applied to the outbox (a
+    relay on an older schema would fail at its first claim instead)."""
+    await store.check_schema()
+    shipped = [m.version for m in (load_migrations() if migrations is None else migrations)]
+    applied = set(await store.applied_versions())
+    missing = [v for v in shipped if v not in applied]
+    if missing:
+        raise SchemaError(
+            f"outbox table {store.table} lacks migration "
+            f"{', '.join(f'{v:04d}' for v in missing)}: run `relayd migrate`"
+        )
 
 
 async def connect_and_migrate(

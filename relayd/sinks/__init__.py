@@ -60,6 +60,10 @@ class Sink(Protocol):
         request that could store a row leaves after `send_by` (loop time): such rows are
         `NotStarted` (C4)."""
 
+    async def check(self) -> tuple[bool, str]:
+        """Whether the sink answers and accepts our credentials, and one line saying so
+        (`relayd check`)."""
+
     async def reconcile(self, row: ClaimedRow, envelope: Envelope) -> Outcome | NotFound:
         """What the sink holds under the row's id: published (it holds this envelope),
         dead-lettered (it holds another job), `NotFound`, or a failure (C2)."""

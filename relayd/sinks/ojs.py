@@ -137,6 +137,25 @@ class OjsSink:
     async def reconcile(self, row: ClaimedRow, envelope: Envelope) -> Outcome | NotFound:
         return await self._get(row, envelope, suffix="-get")
 
+    async def check(self) -> tuple[bool, str]:
+        """GET the manifest: it needs the bearer token where the server has one."""
+        answer = await self._exchange("GET", MANIFEST_PATH, None, "relayd-check")
+        if isinstance(answer, SinkDown):
+            return False, f"unreachable: {answer.error}"
+        if answer.status in (401, 403):
+            return False, f"HTTP {answer.status}: not authorised (check sink.token_file)"
+        if answer.status != 200:
+            return False, f"HTTP {answer.status} for {MANIFEST_PATH} (check sink.url)"
+        manifest = parse_json(answer.body)
+        if not isinstance(manifest, dict):
+            return False, f"{MANIFEST_PATH} is not an OJS manifest"
+        implementation = manifest.get("implementation")
+        name = implementation.get("name") if isinstance(implementation, dict) else None
+        capabilities = manifest.get("capabilities")
+        batches = isinstance(capabilities, dict) and capabilities.get("batch_enqueue") is True
+        offered = "offered" if batches else "not offered"
+        return True, f"{name or 'an OJS server'} answers; batch enqueue {offered}"
+
     # --- single rows ---
 
     async def _publish_row(self, row: ClaimedRow, envelope: Envelope, send_by: float) -> Outcome:

@@ -177,3 +177,73 @@ SELECT 1;
 -- ============================================================================================
 -- The outbox's health in the database: `relayd check`, `relayd doctor`.
 -- ============================================================================================
+
+-- name: check_identity
+-- Who and where we are, for `relayd check`: never the DSN (it may hold a password).
+-- params: none
+SELECT current_user::text AS username,
+       current_database()::text AS database,
+       current_setting('server_version') AS server_version,
+       pg_is_in_recovery() AS in_recovery,
+       extract(epoch FROM clock_timestamp())::float8 AS epoch_s;
+
+-- name: check_ledger_exists
+-- Whether the migration ledger exists (an outbox made by hand has none).
+-- params: $1 the ledger's qualified name text
+SELECT to_regclass($1) IS NOT NULL;
+
+-- name: check_privileges
+-- For each (relation, privilege) pair, whether the current user holds it.
+-- params: $1 relations text[], $2 privileges text[]
+SELECT r.relation, r.privilege, has_table_privilege(r.relation, r.privilege) AS held
+FROM unnest($1::text[], $2::text[]) AS r(relation, privilege);
+
+-- name: doctor_table
+-- The outbox table's vacuum statistics and size.
+-- params: $1 schema text, $2 table text
+SELECT n_live_tup, n_dead_tup, last_vacuum, last_autovacuum, last_analyze, last_autoanalyze,
+       autovacuum_count,
+       pg_relation_size(relid) AS table_bytes,
+       pg_total_relation_size(relid) AS total_bytes
+FROM pg_stat_user_tables
+WHERE schemaname = $1 AND relname = $2;
+
+-- name: doctor_indexes
+-- The outbox's indexes: size and how often each was scanned.
+-- params: $1 schema text, $2 table text
+SELECT indexrelname::text AS name, pg_relation_size(indexrelid) AS bytes, idx_scan
+FROM pg_stat_user_indexes
+WHERE schemaname = $1 AND relname = $2
+ORDER BY indexrelname;
+
+-- name: doctor_xmin_holders
+-- The sessions holding back the xmin horizon (so vacuum cannot remove dead rows), oldest
+-- first: a long report, a forgotten BEGIN. Never their query text: it may hold secrets.
+-- params: $1 limit int
+SELECT pid, usename::text AS username, application_name, client_addr::text AS client,
+       state, datname::text AS database,
+       extract(epoch FROM clock_timestamp() - xact_start)::float8 AS xact_age_s,
+       age(backend_xmin)::bigint AS xmin_age_xids
+FROM pg_stat_activity
+WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid()
+ORDER BY age(backend_xmin) DESC
+LIMIT $1;
+
+-- name: doctor_horizon_others
+-- Other holders of the horizon: replication slots, standbys with hot_standby_feedback, and
+-- prepared transactions. kind, name, xmin age in transactions.
+-- params: none
+SELECT 'replication slot' AS kind, slot_name::text AS name,
+       greatest(age(xmin), age(catalog_xmin))::bigint AS xmin_age_xids
+FROM pg_replication_slots
+WHERE xmin IS NOT NULL OR catalog_xmin IS NOT NULL
+UNION ALL
+SELECT 'standby feedback', coalesce(application_name, client_addr::text, ''),
+       age(backend_xmin)::bigint
+FROM pg_stat_replication
+WHERE backend_xmin IS NOT NULL
+UNION ALL
+SELECT 'prepared transaction', gid, age(transaction)::bigint
+FROM pg_prepared_xacts
+ORDER BY 3 DESC;
+

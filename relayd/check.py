@@ -1,0 +1,204 @@
+"""`relayd check`: can this relay run here? One line per check, in the order a relay needs
+them: configuration, database, schema, privileges, LISTEN, sink, clock. A check whose
+prerequisite failed is reported as skipped, never as passed.
+
+Exit code (through the CLI): 0 when every check passed or only warned, 1 when one failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+
+from relayd.config import Settings
+from relayd.errors import ConfigError, DatabaseUnavailable, SchemaError, StatementError
+from relayd.migrate import require_current
+from relayd.sinks import SinkHealth
+from relayd.sinks.ojs import OjsSink
+from relayd.store import Store
+
+# Host and database clocks further apart than this are reported. Leases use the database's
+# clock only, so a skew never breaks fencing; it misleads people reading timestamps.
+CLOCK_WARN_S = 1.0
+_CONNECT_TIMEOUT_S = 5.0
+
+
+class Verdict(enum.StrEnum):
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckLine:
+    name: str
+    verdict: Verdict
+    detail: str
+
+    def render(self) -> str:
+        return f"{self.verdict.value:<8}{self.name:<12}{self.detail}"
+
+    def as_json(self) -> dict[str, str]:
+        return {key: str(value) for key, value in asdict(self).items()}
+
+
+def failed(lines: list[CheckLine]) -> bool:
+    return any(line.verdict is Verdict.FAIL for line in lines)
+
+
+async def run_checks(settings: Settings, config_source: str) -> list[CheckLine]:
+    """Every check, in order; stops asking the database once it is out of reach."""
+    lines = [CheckLine("config", Verdict.OK, config_source)]
+    try:
+        dsn = settings.dsn
+    except ConfigError as exc:
+        lines.append(CheckLine("config", Verdict.FAIL, str(exc)))
+        return lines + _skipped("database", "schema", "privileges", "listen", "sink", "clock")
+    try:
+        store = await Store.connect(
+            dsn,
+            settings.outbox.outbox_table,
+            max_size=2,
+            connect_timeout_s=min(settings.database.connect_timeout_s, _CONNECT_TIMEOUT_S),
+            statement_timeout_s=settings.database.statement_timeout_s,
+        )
+    except (ConfigError, DatabaseUnavailable) as exc:
+        lines.append(CheckLine("database", Verdict.FAIL, _database_failure(exc)))
+        lines += _skipped("schema", "privileges", "listen")
+        return [*lines, await _sink_line(settings), *_skipped("clock")]
+    try:
+        lines += await _database_lines(store, settings)
+    finally:
+        await store.close()
+    lines.insert(-1, await _sink_line(settings))  # before the clock line
+    return lines
+
+
+async def _database_lines(store: Store, settings: Settings) -> list[CheckLine]:
+    sent_s = time.time()
+    identity = await store.check_identity()
+    received_s = time.time()
+    lines = [
+        CheckLine(
+            "database",
+            Verdict.OK,
+            f"reachable: database {identity['database']} as {identity['username']} "
+            f"(PostgreSQL {identity['server_version']})",
+        )
+    ]
+    if identity["in_recovery"]:
+        lines[0] = CheckLine(
+            "database", Verdict.FAIL, "the server is a standby (read-only): point at the primary"
+        )
+    schema = await _attempt("schema", lambda: _schema(store))
+    lines.append(schema)
+    if schema.verdict is Verdict.OK:
+        lines.append(await _attempt("privileges", lambda: _privileges(store, settings)))
+    else:
+        lines += _skipped("privileges")
+    if settings.relay.listen:
+        lines.append(await _attempt("listen", lambda: _listen(store)))
+    else:
+        lines.append(CheckLine("listen", Verdict.OK, "not used (relay.listen = false): polling"))
+    # The database's clock read halfway through the round trip, against ours.
+    skew_s = identity["epoch_s"] - (sent_s + received_s) / 2
+    verdict = Verdict.WARN if abs(skew_s) > CLOCK_WARN_S else Verdict.OK
+    lines.append(
+        CheckLine(
+            "clock",
+            verdict,
+            f"this host is {abs(skew_s):.3f}s {'behind' if skew_s > 0 else 'ahead of'} "
+            "the database (leases use the database's clock)",
+        )
+    )
+    return lines
+
+
+async def _attempt(name: str, check: Callable[[], Awaitable[str]]) -> CheckLine:
+    try:
+        return CheckLine(name, Verdict.OK, await check())
+    except (SchemaError, _Missing) as exc:
+        return CheckLine(name, Verdict.FAIL, str(exc))
+    except (DatabaseUnavailable, StatementError) as exc:
+        return CheckLine(name, Verdict.FAIL, f"{exc}")
+
+
+class _Missing(Exception):
+    """A check found something missing; the message says what."""
+
+
+async def _schema(store: Store) -> str:
+    await require_current(store)
+    versions = await store.applied_versions()
+    return f"{store.table} is migrated (version {max(versions):04d})"
+
+
+def _privileges_wanted(store: Store, settings: Settings) -> list[tuple[str, str]]:
+    table, schema = str(store.table), store.table.quoted_schema
+    wanted = [(table, "SELECT"), (table, "UPDATE")]
+    if settings.cleanup.enabled:
+        wanted.append((table, "DELETE"))
+    wanted += [
+        (f"{schema}.relayd_pauses", "SELECT"),
+        (f"{schema}.relayd_pauses", "INSERT"),
+        (f"{schema}.relayd_audit", "INSERT"),
+        (f"{schema}.relayd_instances", "INSERT"),
+        (f"{schema}.relayd_instances", "UPDATE"),
+        (f"{schema}.relayd_instances", "DELETE"),
+    ]
+    return wanted
+
+
+async def _privileges(store: Store, settings: Settings) -> str:
+    held = await store.check_privileges(_privileges_wanted(store, settings))
+    missing = [f"{privilege} on {relation}" for relation, privilege, ok in held if not ok]
+    if missing:
+        raise _Missing(f"missing {', '.join(missing)} (see docs/operations.md, privileges)")
+    return f"{len(held)} privileges relayd run needs are held"
+
+
+async def _listen(store: Store) -> str:
+    await store.check_listen()
+    return f"LISTEN on channel {store.table.channel} works"
+
+
+async def _sink_line(settings: Settings) -> CheckLine:
+    try:
+        url = settings.sink_url
+    except ConfigError as exc:
+        return CheckLine("sink", Verdict.FAIL, str(exc))
+    sink = OjsSink(settings.sink, url, _Ignored())
+    await sink.start()
+    try:
+        async with asyncio.timeout(settings.sink.timeout_s):
+            ok, detail = await sink.check()
+    except TimeoutError:
+        ok, detail = False, f"no answer within sink.timeout_s ({settings.sink.timeout_s:g}s)"
+    finally:
+        await sink.close()
+    return CheckLine("sink", Verdict.OK if ok else Verdict.FAIL, f"{url}: {detail}")
+
+
+class _Ignored(SinkHealth):
+    """`relayd check` has no breaker to feed."""
+
+    def sink_ok(self) -> None:
+        pass
+
+    def sink_failed(self, *, severe: bool) -> None:
+        pass
+
+
+def _database_failure(exc: ConfigError | DatabaseUnavailable) -> str:
+    if isinstance(exc, ConfigError):
+        return str(exc)
+    return f"unreachable: {exc}"
+
+
+def _skipped(*names: str) -> list[CheckLine]:
+    reason = "not checked: an earlier check failed"
+    return [CheckLine(name, Verdict.SKIPPED, reason) for name in names]

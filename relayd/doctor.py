@@ -1,0 +1,184 @@
+"""`relayd doctor`: the outbox's health inside PostgreSQL, for an operator wondering why relayd
+slowed down. Dead tuples and the last vacuum of the table, the sessions (and slots, standbys,
+prepared transactions) holding back the xmin horizon — the usual cause: vacuum cannot remove
+the rows relayd published, and every claim steps over them —, whether the claim still uses
+its index, and the table's and indexes' sizes.
+
+Each finding carries a verdict (`ok`, `warn`, `fail`), so `--json` can drive an alert; the CLI
+exits 1 only for `fail` (the claim does not use its index).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from relayd.check import Verdict
+from relayd.store import Store
+
+# A transaction older than this holding the horizon is worth a warning: an outbox publishes
+# and settles rows every second, and each leaves a dead tuple vacuum cannot remove meanwhile.
+HORIZON_WARN_S = 60.0
+# Dead tuples worth a warning: this many, and more than this share of the live ones.
+DEAD_TUPLES_WARN = 10_000
+DEAD_SHARE_WARN = 0.2
+# A slot, standby or prepared transaction this many transactions behind is worth a warning.
+SLOT_WARN_XIDS = 10_000
+_HOLDERS_SHOWN = 10
+_KIB = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    verdict: Verdict
+    topic: str
+    detail: str
+
+
+@dataclass
+class Diagnosis:
+    table: dict[str, Any] = field(default_factory=dict)
+    indexes: list[dict[str, Any]] = field(default_factory=list)
+    horizon: list[dict[str, Any]] = field(default_factory=list)
+    claim_plan: str = ""
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return any(f.verdict is Verdict.FAIL for f in self.findings)
+
+    def as_json(self) -> str:
+        return json.dumps(
+            {
+                "table": self.table,
+                "indexes": self.indexes,
+                "horizon": self.horizon,
+                "claim_plan": self.claim_plan,
+                "findings": [
+                    {"verdict": f.verdict.value, "topic": f.topic, "detail": f.detail}
+                    for f in self.findings
+                ],
+            },
+            indent=2,
+            default=_json_default,
+        )
+
+    def render(self) -> str:
+        lines = [f"{f.verdict.value:<8}{f.topic:<12}{f.detail}" for f in self.findings]
+        if self.horizon:
+            lines += ["", "sessions and slots holding back the xmin horizon, oldest first:"]
+            lines += [
+                f"  {h['kind']:<22}{h['name']:<32}xmin age {h['xmin_age_xids']:>10,} xids"
+                + (f", transaction open {h['xact_age_s']:,.0f}s" if h.get("xact_age_s") else "")
+                for h in self.horizon
+            ]
+        if self.indexes:
+            lines += ["", "indexes:"]
+            lines += [
+                f"  {i['name']:<48}{_size(i['bytes']):>10}  scans {i['idx_scan']:,}"
+                for i in self.indexes
+            ]
+        return "\n".join(lines)
+
+
+async def diagnose(store: Store, *, lease_s: float, batch_size: int) -> Diagnosis:
+    diagnosis = Diagnosis()
+    table = await store.doctor_table()
+    if table is None:
+        diagnosis.findings.append(
+            Finding(Verdict.FAIL, "table", f"{store.table} not found: run `relayd migrate`")
+        )
+        return diagnosis
+    diagnosis.table = dict(table)
+    diagnosis.findings.append(_vacuum_finding(diagnosis.table))
+    diagnosis.findings.append(
+        Finding(
+            Verdict.OK,
+            "size",
+            f"table {_size(table['table_bytes'])}, with indexes and TOAST "
+            f"{_size(table['total_bytes'])}",
+        )
+    )
+    diagnosis.indexes = [dict(r) for r in await store.doctor_indexes()]
+    diagnosis.horizon = [
+        {"kind": "session", "name": _session_name(dict(r)), **dict(r)}
+        for r in await store.doctor_xmin_holders(_HOLDERS_SHOWN)
+    ] + [dict(r) for r in await store.doctor_horizon_others()]
+    diagnosis.findings.append(_horizon_finding(diagnosis.horizon))
+    plan = await store.explain_claim(batch_size, lease_s)
+    diagnosis.claim_plan = plan if isinstance(plan, str) else json.dumps(plan)
+    diagnosis.findings.append(_plan_finding(diagnosis.claim_plan, store))
+    return diagnosis
+
+
+def _vacuum_finding(table: dict[str, Any]) -> Finding:
+    live, dead = table["n_live_tup"], table["n_dead_tup"]
+    last = max(
+        (t for t in (table["last_vacuum"], table["last_autovacuum"]) if t is not None),
+        default=None,
+    )
+    when = f"last vacuumed {_ago(last)}" if last else "never vacuumed"
+    detail = f"{live:,} live rows, {dead:,} dead tuples; {when}"
+    if dead > DEAD_TUPLES_WARN and dead > DEAD_SHARE_WARN * max(live, 1):
+        return Finding(Verdict.WARN, "vacuum", detail + " (dead tuples slow every claim)")
+    return Finding(Verdict.OK, "vacuum", detail)
+
+
+def _horizon_finding(horizon: list[dict[str, Any]]) -> Finding:
+    old = [h for h in horizon if _holds_long(h)]
+    if not old:
+        return Finding(Verdict.OK, "horizon", "no transaction holds the xmin horizon back for long")
+    names = ", ".join(f"{h['kind']} {h['name']}" for h in old[:3])
+    return Finding(
+        Verdict.WARN,
+        "horizon",
+        f"held back by {names}: vacuum cannot remove dead rows while it lasts",
+    )
+
+
+def _holds_long(holder: dict[str, Any]) -> bool:
+    if holder["kind"] == "session":
+        return bool((holder.get("xact_age_s") or 0) > HORIZON_WARN_S)
+    return bool(holder["xmin_age_xids"] > SLOT_WARN_XIDS)
+
+
+def _plan_finding(plan: str, store: Store) -> Finding:
+    index = f"{store.table.name}_relayd_claim"
+    if index in plan and '"Seq Scan"' not in plan:
+        return Finding(Verdict.OK, "claim", f"the claim reads its index {index}")
+    return Finding(
+        Verdict.FAIL,
+        "claim",
+        f"the claim does not read its index {index} (a sequential scan on every claim): "
+        "ANALYZE the table; check the index exists",
+    )
+
+
+def _session_name(row: dict[str, Any]) -> str:
+    who = f"{row.get('username') or '?'}@{row.get('database') or '?'}"
+    return f"pid {row['pid']} {who} ({row.get('application_name') or '-'}, {row.get('state')})"
+
+
+def _ago(when: datetime) -> str:
+    seconds = (datetime.now(UTC) - when).total_seconds()
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < _KIB:
+            return f"{value:.0f} {unit}"
+        value /= _KIB
+    return f"{value:.1f} TB"
+
+
+def _json_default(value: object) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)
