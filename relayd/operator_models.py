@@ -1,0 +1,151 @@
+"""Values of the operator surface (`relayd dlq`, `relayd pause`, `relayd resume`) that cross
+between the commands and the store: which dead letters to act on, what a batch did to each
+row, the audit entry it wrote, and the pauses. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+# The queue of a pause that stops every queue (relayd_pauses.queue).
+EVERY_QUEUE = "*"
+
+
+class DlqAction(enum.StrEnum):
+    """A mutating dead-letter action; its value is the audit trail's `action`."""
+
+    REDRIVE = "dlq.retry"
+    DISCARD = "dlq.discard"
+
+
+class PauseAction(enum.StrEnum):
+    PAUSE = "pause"
+    RESUME = "resume"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterFilter:
+    """Which dead letters: each set field narrows the selection (all unset: every one).
+
+    `since` and `until` bound `dead_at` (`since <= dead_at < until`), already resolved to
+    absolute times on the database's clock.
+    """
+
+    queue: str | None = None  # the effective queue: options.queue, else queue, else default
+    type: str | None = None
+    dead_reason: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    error_contains: str | None = None  # a substring of last_error, case-insensitive
+
+    def as_json(self) -> dict[str, Any]:
+        """The set fields, for the audit trail and `--json` output."""
+        data: dict[str, Any] = {}
+        for name in ("queue", "type", "dead_reason", "error_contains"):
+            value = getattr(self, name)
+            if value is not None:
+                data[name] = value
+        for name in ("since", "until"):
+            value = getattr(self, name)
+            if value is not None:
+                data[name] = value.isoformat()
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterRow:
+    """One outbox row as the dead-letter commands show it (`dlq list`, `dlq show`)."""
+
+    event_id: str
+    created_at: datetime
+    published_at: datetime | None
+    dead_at: datetime | None
+    dead_reason: str | None
+    queue: str | None
+    type: str | None
+    attempts: int
+    last_error: str | None
+    last_attempt_at: datetime | None
+    discarded_at: datetime | None
+    discard_reason: str | None
+    job: str | None = None  # the envelope's text; read by `dlq show` only
+
+    @property
+    def state(self) -> str:
+        if self.published_at is not None:
+            return "published"
+        if self.dead_at is None:
+            return "pending"
+        return "discarded" if self.discarded_at is not None else "dead"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterPage:
+    """One batch of a bulk walk: the next `limit` entries of the dead-letter index (dead and
+    not discarded) in `(dead_at, event_id)` order after the keyset cursor `after` (None:
+    from `filters.since`), of which the batch acts on those `filters` select, dead-lettered
+    before `until`."""
+
+    filters: DeadLetterFilter
+    until: datetime  # the walk's end: --until, never past the command's start
+    limit: int
+    after: tuple[datetime, str] | None = None
+
+
+class RowOutcome(enum.StrEnum):
+    """What an action did, or would do, to one row."""
+
+    REDRIVEN = "redriven"
+    DISCARDED = "discarded"
+    REFUSED = "refused"  # the table's checks would refuse it as a pending row
+    ALREADY_DISCARDED = "already_discarded"
+    NOT_DEAD = "not_dead"  # pending or published: not a dead letter
+    NOT_FOUND = "not_found"
+
+    @property
+    def changed(self) -> bool:
+        return self in {RowOutcome.REDRIVEN, RowOutcome.DISCARDED}
+
+
+@dataclass(frozen=True, slots=True)
+class RowResult:
+    event_id: str
+    outcome: RowOutcome
+    detail: str | None = None  # why it was skipped
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One operator action for `relayd_audit`; `event_ids` are kept while they number at
+    most `AUDIT_MAX_IDS` (explicitly listed ids are always kept)."""
+
+    actor: str
+    action: str
+    filters: dict[str, Any] = field(default_factory=dict)
+    reason: str | None = None
+    keep_all_ids: bool = False
+
+
+# How many ids an audit row lists for a bulk action before it records only the count.
+AUDIT_MAX_IDS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterBatch:
+    """What one batch (one short transaction) did."""
+
+    results: list[RowResult]  # one per row selected (or named)
+    examined: int  # index entries the page read, or ids named (a full page: more may follow)
+    next_after: tuple[datetime, str] | None  # the keyset cursor after this page
+    audit_id: int | None  # the action's audit row, once a batch changed something
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    queue: str
+    reason: str
+    paused_by: str
+    paused_at: datetime

@@ -1,0 +1,145 @@
+"""`relayd pause` and `relayd resume`: stop and restart claiming, for one queue or every one,
+on every relay of the outbox at once.
+
+A pause is a row of `relayd_pauses`, database state: the claim statement skips paused queues,
+so every running relay obeys from its next claim, and a relay started later obeys too. A
+pause needs no relay to be running. Resuming also sends a NOTIFY on the outbox's channel
+(the insert trigger's), so idle relays claim at once instead of at their next poll. Both
+write one audit row, in the same transaction as the change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import TYPE_CHECKING, Any, TextIO
+
+from relayd.config import load_settings
+from relayd.deadletters import (
+    BadInput,
+    check_text,
+    operator_command,
+    operator_store,
+    resolve_actor,
+)
+from relayd.errors import EXIT_OK
+from relayd.models import MAX_QUEUE_CHARS, QUEUE_PATTERN
+from relayd.operator_models import EVERY_QUEUE, Pause
+
+if TYPE_CHECKING:
+    import argparse
+
+_MAX_REASON_CHARS = 1000
+
+
+def queue_arg(value: str | None) -> str:
+    """`--queue Q` as stored: an OJS queue name, or `'*'` (every queue) when absent."""
+    if value is None:
+        return EVERY_QUEUE
+    if value == EVERY_QUEUE:
+        raise BadInput("--queue: leave it out to act on every queue")
+    if not QUEUE_PATTERN.match(value) or len(value) > MAX_QUEUE_CHARS:
+        raise BadInput(
+            f"--queue: {value[:60]!r} is not a queue name "
+            f"({QUEUE_PATTERN.pattern}, at most {MAX_QUEUE_CHARS} characters)"
+        )
+    return value
+
+
+@operator_command("pause")
+def pause_command(args: argparse.Namespace) -> int:
+    """`relayd pause [--queue Q] --reason TEXT`."""
+    queue = queue_arg(args.queue)
+    if args.reason is None:
+        raise BadInput("--reason: required: say why, for the audit trail and the other operators")
+    reason = check_text(args.reason, "--reason", _MAX_REASON_CHARS)
+    actor = resolve_actor(args.actor)
+    settings = load_settings(args.config)
+
+    async def pause() -> tuple[bool, list[Pause]]:
+        async with operator_store(settings) as store:
+            inserted = await store.pause(queue, reason, actor)
+            return inserted, await store.pauses()
+
+    inserted, pauses = asyncio.run(pause())
+    if args.json:
+        data = {"queue": queue, "paused": True, "updated": not inserted, "pauses": pauses}
+        sys.stdout.write(_json(data) + "\n")
+        return EXIT_OK
+    what = _what(queue)
+    if inserted:
+        sys.stdout.write(
+            f"paused {what} of {settings.outbox.table}: every relay stops claiming "
+            "it from its next claim\n"
+        )
+    else:
+        sys.stdout.write(f"{what} was paused already: reason updated\n")
+    _render_pauses(pauses, sys.stdout)
+    return EXIT_OK
+
+
+@operator_command("resume")
+def resume_command(args: argparse.Namespace) -> int:
+    """`relayd resume [--queue Q] [--reason TEXT]`."""
+    queue = queue_arg(args.queue)
+    reason = None if args.reason is None else check_text(args.reason, "--reason", _MAX_REASON_CHARS)
+    actor = resolve_actor(args.actor)
+    settings = load_settings(args.config)
+
+    async def resume() -> tuple[Pause | None, list[Pause]]:
+        async with operator_store(settings) as store:
+            lifted = await store.resume(queue, actor, reason)
+            return lifted, await store.pauses()
+
+    lifted, pauses = asyncio.run(resume())
+    if args.json:
+        data = {"queue": queue, "resumed": lifted is not None, "lifted": lifted, "pauses": pauses}
+        sys.stdout.write(_json(data) + "\n")
+        return EXIT_OK
+    what = _what(queue)
+    if lifted is None:
+        hint = ""
+        if queue != EVERY_QUEUE and any(p.queue == EVERY_QUEUE for p in pauses):
+            hint = " (every queue is paused: `relayd resume` without --queue lifts that)"
+        sys.stdout.write(f"{what} was not paused: nothing to resume{hint}\n")
+    else:
+        sys.stdout.write(
+            f"resumed {what} of {settings.outbox.table} (paused since "
+            f"{_time(lifted)} by {lifted.paused_by}: {lifted.reason}); idle relays woken\n"
+        )
+    _render_pauses(pauses, sys.stdout)
+    return EXIT_OK
+
+
+def _what(queue: str) -> str:
+    return "every queue" if queue == EVERY_QUEUE else f"queue {queue}"
+
+
+def _time(pause: Pause) -> str:
+    return pause.paused_at.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _render_pauses(pauses: list[Pause], out: TextIO) -> None:
+    if not pauses:
+        out.write("nothing is paused now\n")
+        return
+    out.write("paused now:\n")
+    for pause in pauses:
+        out.write(
+            f"  {_what(pause.queue)}: {pause.reason} (by {pause.paused_by} since {_time(pause)})\n"
+        )
+
+
+def _json(data: dict[str, Any]) -> str:
+    def default(value: object) -> Any:
+        if isinstance(value, Pause):
+            return {
+                "queue": value.queue,
+                "reason": value.reason,
+                "paused_by": value.paused_by,
+                "paused_at": value.paused_at.isoformat(),
+            }
+        raise TypeError(type(value).__name__)
+
+    return json.dumps(data, default=default)
