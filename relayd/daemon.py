@@ -30,6 +30,7 @@ from relayd.relay import BreakerGate, RelayContext, RelayWorker
 from relayd.retry import Backoff, BreakerState, CircuitBreaker
 from relayd.sinks.ojs import OjsSink
 from relayd.store import Store
+from relayd.storm import StormGuard
 from relayd.wakeup import Wakeup
 from relayd.web import make_app, start_web
 
@@ -243,6 +244,10 @@ class Daemon:
             metrics=self.metrics,
             backoff=Backoff(base_s=retry.base_s, cap_s=retry.cap_s, rng=self._rng),
             database=self._database,
+            storm=StormGuard(
+                threshold=self.settings.relay.storm_threshold,
+                window=self.settings.relay.storm_window,
+            ),
             slots=asyncio.Semaphore(self.settings.sink.concurrency),
             on_idle=self.stop if self._until_idle else None,
         )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import socket
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from relayd.settlement import (
 )
 from relayd.sinks import Sink
 from relayd.store import Store
+from relayd.storm import StormGuard
 from relayd.wakeup import Wakeup
 
 # An idle worker never sleeps less than this, even when a row is due "now" but was locked by
@@ -127,9 +129,11 @@ class RelayContext:
     metrics: RelayMetrics
     backoff: Backoff
     database: DatabaseRetry
+    storm: StormGuard
     slots: asyncio.Semaphore
-    # Called when a worker finds nothing to claim and nothing pending at all (not even in
-    # backoff or leased): the run-until-idle mode stops the daemon there.
+    # Called when a worker finds nothing to claim and nothing it may claim is pending (not
+    # even in backoff or leased; paused rows do not count): the run-until-idle mode stops
+    # the daemon there.
     on_idle: Callable[[], None] | None = None
 
 
@@ -235,6 +239,9 @@ class RelayWorker:
         if rows:
             self._ctx.metrics.claimed_rows.inc(len(rows))
             self.in_flight = len(rows)
+            if self._ctx.storm.tripped and sent_at > self._ctx.storm.tripped_at:
+                # Rows came back after the storm's pause: an operator resumed.
+                self._ctx.storm.reset()
         lease_ends = sent_at + self._relay.lease_s
         return Claim(
             owner=owner,
@@ -357,6 +364,9 @@ class RelayWorker:
 
     async def settle(self, claim: Claim, outcomes: dict[str, Outcome]) -> None:
         """Record every outcome with fenced UPDATEs, shielded from cancellation."""
+        storm = self._ctx.storm
+        if storm.observe(outcomes.values(), asyncio.get_running_loop().time()):
+            await self._pause_for_storm()
         settlement = plan(
             claim.rows,
             outcomes,
@@ -365,11 +375,35 @@ class RelayWorker:
             sink_wide=(
                 self._ctx.gate.state is not BreakerState.CLOSED or self._ctx.stopping.is_set()
             ),
+            storm=storm.tripped,
         )
         try:
             await asyncio.shield(self._write(claim, settlement))
         finally:
             self.in_flight = 0
+
+    async def _pause_for_storm(self) -> None:
+        """Pause every queue of the outbox, audited, so every replica stops claiming; the
+        alert on `relayd_paused` (and the dead letters before it) calls an operator."""
+        rejected, settled = self._ctx.storm.rejected_share()
+        reason = f"poison storm: the sink rejected {rejected} of the last {settled} rows"
+        self._log.error("relay.poison_storm", rejected=rejected, settled=settled)
+        try:
+            await self._ctx.database.call(
+                functools.partial(
+                    self._ctx.store.pause, "*", reason, actor=f"relayd@{socket.gethostname()}"
+                ),
+                log=self._log,
+                event="relay.poison_storm_pause_delayed",
+                stopping=self._ctx.stopping,
+            )
+        except StatementError as exc:
+            # The storm's rows are retried, not dead-lettered, either way; say the pause is
+            # missing rather than crash the worker.
+            self._log.error("relay.poison_storm_pause_failed", error=str(exc))
+            return
+        # Claims sent from now on return rows only once an operator resumed.
+        self._ctx.storm.tripped_at = asyncio.get_running_loop().time()
 
     async def _write(self, claim: Claim, settlement: SettlementPlan) -> None:
         store, owner = self._ctx.store, claim.owner

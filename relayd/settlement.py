@@ -24,6 +24,7 @@ from relayd.models import (
     clean_error,
 )
 from relayd.retry import Backoff
+from relayd.storm import SINK_REJECTIONS
 
 
 class Settled(enum.StrEnum):
@@ -131,19 +132,24 @@ def plan(
     max_attempts: int,
     backoff: Backoff,
     sink_wide: bool,
+    storm: bool = False,
 ) -> SettlementPlan:
     """Group each row by what its outcome asks for.
 
     `sink_wide` says the sink is failing for every row right now (the breaker is not
     closed) or the daemon is stopping: a `SinkDown` is then refunded, so an outage of any
-    length, or our own shutdown, never uses up a row's attempts (C5). A row with no outcome
-    was never sent and is released.
+    length, or our own shutdown, never uses up a row's attempts (C5). `storm` says the sink
+    is rejecting most rows (relayd/storm.py): its rejections are then retried, refunded,
+    instead of dead-lettered. A row with no outcome was never sent and is released.
     """
     settlement = SettlementPlan()
     for row in rows:
         outcome = outcomes.get(row.event_id, NotStarted())
         if isinstance(outcome, Published):
             settlement.published.add(row, outcome)
+        elif isinstance(outcome, DeadLetter) and storm and outcome.reason in SINK_REJECTIONS:
+            error = clean_error(f"poison storm, not dead-lettered: {outcome.error}")
+            settlement.retried.add(row, backoff.delay_s(row.attempts), error, refund=True)
         elif isinstance(outcome, DeadLetter):
             settlement.dead.add(row, outcome.reason, clean_error(outcome.error))
         elif isinstance(outcome, NotStarted):

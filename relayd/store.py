@@ -287,7 +287,7 @@ class Store:
 
     async def next_due_s(self) -> float | None:
         with _translated("next_due_s"):
-            value: float | None = await self._pool.fetchval(self._q["next_due_s"])
+            value: float | None = await self._pool.fetchval(self._q["next_due_s"], str(self.table))
         return value
 
     async def ping(self) -> None:

@@ -93,13 +93,20 @@ WHERE o.event_id = r.event_id AND o.lease_owner = $1
 RETURNING o.event_id::text;
 
 -- name: next_due_s
--- Seconds until the earliest pending row is due (negative if one is due now), or NULL when
--- nothing is pending. Reads the first entry of the claim index. Epoch arithmetic keeps a
--- row parked by hand at 'infinity' (or '-infinity') from failing the query: +/-Infinity.
--- params: none
+-- Seconds until the earliest pending row the claim may take is due (negative if one is due
+-- now), or NULL when there is none. Reads the claim index in order, with the claim's pause
+-- checks: a paused row must not wake an idle worker (it would spin, claiming nothing).
+-- Epoch arithmetic keeps a row parked by hand at 'infinity' (or '-infinity') from failing
+-- the query: +/-Infinity.
+-- params: $1 outbox table text
 SELECT (extract(epoch FROM available_at) - extract(epoch FROM now()))::float8
 FROM @outbox@
 WHERE published_at IS NULL AND dead_at IS NULL
+  AND NOT EXISTS (
+      SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $1 AND queue = '*')
+  AND (NOT EXISTS (SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $1)
+       OR @schema@.relayd_effective_queue(job) <> ALL (ARRAY(
+           SELECT queue FROM @schema@.relayd_pauses WHERE outbox_table = $1)))
 ORDER BY available_at, event_id
 LIMIT 1;
 

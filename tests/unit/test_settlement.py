@@ -142,3 +142,32 @@ def test_settled_outcomes_name_metrics_labels_and_log_events() -> None:
     ]
     assert Settled.DEAD.event == "relay.dead_lettered"
     assert Settled.RETRIED.event == "relay.retry_scheduled"
+
+
+@pytest.mark.parametrize(
+    ("reason", "group"),
+    [
+        (DeadReason.SINK_REJECTED, "retried"),
+        (DeadReason.SINK_TOO_LARGE, "retried"),
+        (DeadReason.SINK_UNPROCESSABLE, "retried"),
+        (DeadReason.CONFLICT, "dead"),  # never the sink's configuration: still dead
+        (DeadReason.INVALID_ENVELOPE, "dead"),  # our own check
+    ],
+)
+def test_a_poison_storm_retries_the_sinks_rejections(reason: DeadReason, group: str) -> None:
+    """During a poison storm a 400/413/422 is retried with its attempt refunded, never
+    dead-lettered; other dead letters stay dead."""
+    row = _row(3)
+    backoff = Backoff(base_s=1.0, cap_s=30.0, rng=random.Random(7))
+    settlement = plan(
+        [row],
+        {row.event_id: DeadLetter(reason, "HTTP 400: invalid_request: m")},
+        max_attempts=MAX_ATTEMPTS,
+        backoff=backoff,
+        sink_wide=False,
+        storm=True,
+    )
+    assert _where(settlement) == group
+    if group == "retried":
+        assert settlement.retried.refunds == [1]
+        assert settlement.retried.errors[0].startswith("poison storm, not dead-lettered: HTTP 400")
