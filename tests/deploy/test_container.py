@@ -5,69 +5,14 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import sys
-from dataclasses import dataclass
 
 import pytest
 
 from tests.deploy import pins
-from tests.deploy.conftest import ROOT
+from tests.deploy.dockerfile import directives, env_of, final, stages
 
-DOCKERFILE = ROOT / "Dockerfile"
 IN_IMAGE = "/tmp/constraints.txt"  # noqa: S108 - a path inside the image being built
-
-
-@dataclass(frozen=True)
-class Directive:
-    instruction: str
-    arguments: str
-
-
-def directives() -> list[Directive]:
-    """The Dockerfile's instructions, continuation lines joined, comments dropped."""
-    found: list[Directive] = []
-    pending = ""
-    for raw in DOCKERFILE.read_text().splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if line.startswith("#"):
-            continue  # a comment inside a continued instruction
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        text = pending + line
-        pending = ""
-        instruction, _, arguments = text.partition(" ")
-        found.append(Directive(instruction.upper(), arguments.strip()))
-    assert not pending, "the Dockerfile ends inside a continued instruction"
-    return found
-
-
-def stages() -> list[list[Directive]]:
-    """Directives by build stage (each starts with its FROM)."""
-    result: list[list[Directive]] = []
-    for directive in directives():
-        if directive.instruction == "FROM":
-            result.append([])
-        if result:
-            result[-1].append(directive)
-    return result
-
-
-def final(instruction: str) -> list[Directive]:
-    return [d for d in stages()[-1] if d.instruction == instruction]
-
-
-def env_of(stage: list[Directive]) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for directive in stage:
-        if directive.instruction == "ENV":
-            for word in shlex.split(directive.arguments):
-                key, _, value = word.partition("=")
-                values[key] = value
-    return values
 
 
 def test_multi_stage_build_installs_the_built_wheel() -> None:

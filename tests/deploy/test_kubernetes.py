@@ -14,7 +14,7 @@ import yaml
 
 from relayd.config import load_settings
 from tests.deploy.conftest import DEPLOY
-from tests.deploy.test_container import final
+from tests.deploy.dockerfile import final
 
 MANIFESTS = DEPLOY / "kubernetes"
 SETTLE_BOUND_S = 10  # relayd/daemon.py: settling after the grace period takes at most this
