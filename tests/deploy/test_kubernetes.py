@@ -1,0 +1,158 @@
+"""deploy/kubernetes: the manifests parse, validate against Kubernetes' own schemas, and hold
+the properties relayd needs (probes, a locked-down pod, a grace period above the drain)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+from relayd.config import load_settings
+from tests.deploy.conftest import DEPLOY
+from tests.deploy.dockerfile import final
+
+MANIFESTS = DEPLOY / "kubernetes"
+SETTLE_BOUND_S = 10  # relayd/daemon.py: settling after the grace period takes at most this
+# Kinds whose schema ships with Kubernetes; the PodMonitor is a CRD of the Prometheus
+# Operator, and the Kustomization is kustomize's own file: their properties are tested below.
+BUILT_IN = {"ConfigMap", "Deployment", "PodDisruptionBudget"}
+
+
+def _documents() -> dict[str, dict[str, Any]]:
+    """Every manifest by kind (one object of each kind)."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted(MANIFESTS.glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            assert document["kind"] not in found, f"two {document['kind']}s"
+            found[document["kind"]] = document
+    return found
+
+
+def _deployment() -> dict[str, Any]:
+    return _documents()["Deployment"]
+
+
+def _pod() -> dict[str, Any]:
+    pod: dict[str, Any] = _deployment()["spec"]["template"]["spec"]
+    return pod
+
+
+def _container() -> dict[str, Any]:
+    [container] = _pod()["containers"]
+    assert isinstance(container, dict)
+    return container
+
+
+def _config_toml() -> dict[str, Any]:
+    return tomllib.loads(_documents()["ConfigMap"]["data"]["config.toml"])
+
+
+def test_manifests_parse_and_kustomization_lists_them() -> None:
+    """Each file is YAML; kustomization.yaml names every other one."""
+    kinds = _documents()
+    assert set(kinds) == BUILT_IN | {"PodMonitor", "Kustomization"}
+    listed = set(kinds["Kustomization"]["resources"])
+    files = {p.name for p in MANIFESTS.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == files
+
+
+@pytest.mark.parametrize("kind", sorted(BUILT_IN))
+def test_manifest_matches_the_kubernetes_schema(kind: str) -> None:
+    """Strict validation against the schemas kubernetes-validate ships (no network)."""
+    version = kubernetes_validate.latest_version()
+    kubernetes_validate.validate(_documents()[kind], version, strict=True)
+
+
+def test_two_replicas_with_health_and_readiness_probes() -> None:
+    """Liveness on /healthz, readiness on /readyz (unready, never killed, while the breaker
+    is open or the database unreachable), both on the metrics port."""
+    assert _deployment()["spec"]["replicas"] == 2
+    container = _container()
+    [port] = container["ports"]
+    assert (port["name"], port["containerPort"]) == ("metrics", 9464)
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["startupProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_http_listens_beyond_loopback_for_the_kubelet() -> None:
+    """The probes come to the pod's IP: http.listen is 0.0.0.0 on the metrics port."""
+    env = {item["name"]: item["value"] for item in _container()["env"]}
+    assert env["RELAYD_HTTP__LISTEN"] == "0.0.0.0:9464"
+
+
+def test_pod_is_locked_down_as_the_image_user() -> None:
+    """Non-root as the Dockerfile's numeric user, read-only root, no capabilities, no
+    privilege escalation, RuntimeDefault seccomp; /tmp is an emptyDir."""
+    [user] = [d.arguments for d in final("USER")]
+    uid, _, gid = user.partition(":")
+    pod, container = _pod()["securityContext"], _container()["securityContext"]
+    assert pod["runAsNonRoot"] is True
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert (container["runAsUser"], container["runAsGroup"]) == (int(uid), int(gid))
+    assert container["runAsNonRoot"] is True
+    assert container["readOnlyRootFilesystem"] is True
+    assert container["allowPrivilegeEscalation"] is False
+    assert container["capabilities"] == {"drop": ["ALL"]}
+    assert container["seccompProfile"] == {"type": "RuntimeDefault"}
+    mounts = {m["mountPath"]: m["name"] for m in _container()["volumeMounts"]}
+    volumes = {v["name"]: v for v in _pod()["volumes"]}
+    assert "emptyDir" in volumes[mounts["/tmp"]]  # noqa: S108 - the pod's /tmp, not ours
+
+
+def test_termination_grace_outlasts_the_drain() -> None:
+    """terminationGracePeriodSeconds > relay.shutdown_grace_s + the settle bound."""
+    grace = _config_toml().get("relay", {}).get("shutdown_grace_s", 10.0)
+    assert _pod()["terminationGracePeriodSeconds"] > grace + SETTLE_BOUND_S
+
+
+def test_secrets_are_files_of_a_secret_named_by_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """database.dsn_file and sink.token_file are files of the mounted Secret, and the
+    ConfigMap's config.toml is a valid relayd configuration."""
+    config = _config_toml()
+    mounts = {m["name"]: m["mountPath"] for m in _container()["volumeMounts"]}
+    volumes = {v["name"]: v for v in _pod()["volumes"]}
+    secret = volumes["secrets"]["secret"]
+    files = {f"{mounts['secrets']}/{item['path']}" for item in secret["items"]}
+    assert config["database"]["dsn_file"] in files
+    assert config["sink"]["token_file"] in files
+    assert volumes["config"]["configMap"]["name"] == _documents()["ConfigMap"]["metadata"]["name"]
+    assert mounts["config"] == "/etc/relayd"
+    # The file as relayd reads it, with the secret files standing in the test directory.
+    (tmp_path / "dsn").write_text("postgresql://relayd@db:5432/app")
+    (tmp_path / "token").write_text("t0ken")
+    text = _documents()["ConfigMap"]["data"]["config.toml"]
+    text = text.replace(config["database"]["dsn_file"], str(tmp_path / "dsn"))
+    text = text.replace(config["sink"]["token_file"], str(tmp_path / "token"))
+    (tmp_path / "config.toml").write_text(text)
+    for name in [n for n in os.environ if n.startswith("RELAYD_")]:
+        monkeypatch.delenv(name)
+    settings = load_settings(tmp_path / "config.toml")
+    assert settings.sink_url.startswith("http")
+
+
+def test_pod_monitor_scrapes_the_pods_as_job_relayd() -> None:
+    """The PodMonitor selects the pods, scrapes the metrics port, and names the job
+    "relayd" (what deploy/prometheus/relayd.rules.yml selects)."""
+    monitor = _documents()["PodMonitor"]["spec"]
+    labels = _deployment()["spec"]["template"]["metadata"]["labels"]
+    assert monitor["selector"]["matchLabels"].items() <= labels.items()
+    [endpoint] = monitor["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+    assert labels[monitor["jobLabel"]] == "relayd"
+    assert 'job="relayd"' in (DEPLOY / "prometheus" / "relayd.rules.yml").read_text()
+
+
+def test_disruption_budget_keeps_one_relay() -> None:
+    """The PodDisruptionBudget selects the pods and keeps one of the two replicas."""
+    budget = _documents()["PodDisruptionBudget"]["spec"]
+    labels = _deployment()["spec"]["template"]["metadata"]["labels"]
+    assert budget["selector"]["matchLabels"].items() <= labels.items()
+    assert 1 <= budget["minAvailable"] < _deployment()["spec"]["replicas"]

@@ -1,0 +1,113 @@
+"""systemd credentials: unset secrets are read from $CREDENTIALS_DIRECTORY (relayd/config.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from relayd.config import load_settings
+from relayd.errors import ConfigError
+
+DSN = "postgresql://relayd:s3cret@db.internal:5432/app"
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No RELAYD_* or credentials variable of the developer's shell leaks into these tests."""
+    for key in list(os.environ):
+        if key.startswith("RELAYD_"):
+            monkeypatch.delenv(key)
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+
+
+@pytest.fixture
+def credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A credentials directory as systemd makes it for a unit called anything."""
+    directory = tmp_path / "credentials" / "relayd-eu@2.service"
+    directory.mkdir(parents=True)
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(directory))
+    return directory
+
+
+def _config(tmp_path: Path, text: str = "") -> Path:
+    path = tmp_path / "relayd.toml"
+    path.write_text(text)
+    return path
+
+
+def test_both_credentials_are_read_when_nothing_is_set(tmp_path: Path, credentials: Path) -> None:
+    """database-dsn and ojs-token fill database.dsn_file and sink.token_file."""
+    (credentials / "database-dsn").write_text(DSN + "\n")
+    (credentials / "ojs-token").write_text("t0ken\n")
+    settings = load_settings(_config(tmp_path))
+    assert settings.dsn == DSN
+    assert settings.database.dsn_file == credentials / "database-dsn"
+    assert settings.sink.token is not None
+    assert settings.sink.token.get_secret_value() == "t0ken"
+    assert settings.redacted()["database"]["dsn"] == "postgresql://relayd:***@db.internal:5432/app"
+
+
+def test_a_missing_optional_credential_leaves_the_setting_unset(
+    tmp_path: Path, credentials: Path
+) -> None:
+    """No ojs-token credential: no token, and no error (the OJS server may need none)."""
+    (credentials / "database-dsn").write_text(DSN)
+    settings = load_settings(_config(tmp_path))
+    assert settings.sink.token_file is None
+    assert settings.sink.token is None
+
+
+def test_a_missing_dsn_credential_is_the_usual_config_error(
+    tmp_path: Path, credentials: Path
+) -> None:
+    """No DSN from anywhere: the one-line error naming database.dsn."""
+    settings = load_settings(_config(tmp_path))
+    with pytest.raises(ConfigError, match=r"^database\.dsn: required"):
+        _ = settings.dsn
+
+
+@pytest.mark.parametrize(
+    "explicit",
+    [
+        '[database]\ndsn = "postgresql://other@elsewhere/db"\n',
+        '[database]\ndsn_file = "{other}"\n',
+    ],
+)
+def test_explicit_settings_win_over_credentials(
+    tmp_path: Path, credentials: Path, explicit: str
+) -> None:
+    """A DSN or DSN file in the configuration is used; the credential is ignored."""
+    other = tmp_path / "other-dsn"
+    other.write_text("postgresql://other@elsewhere/db")
+    (credentials / "database-dsn").write_text(DSN)
+    settings = load_settings(_config(tmp_path, explicit.format(other=other)))
+    assert settings.dsn == "postgresql://other@elsewhere/db"
+
+
+def test_environment_token_file_wins_over_the_credential(
+    tmp_path: Path, credentials: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RELAYD_SINK__TOKEN_FILE is used even when an ojs-token credential exists."""
+    (credentials / "ojs-token").write_text("from-credential")
+    mine = tmp_path / "token"
+    mine.write_text("from-env")
+    monkeypatch.setenv("RELAYD_SINK__TOKEN_FILE", str(mine))
+    token = load_settings(_config(tmp_path)).sink.token
+    assert token is not None
+    assert token.get_secret_value() == "from-env"
+
+
+def test_an_empty_credential_is_refused_naming_the_key(tmp_path: Path, credentials: Path) -> None:
+    """A credential is a secret file like any other: empty is an error naming the key."""
+    (credentials / "database-dsn").write_text("\n")
+    with pytest.raises(ConfigError, match=r"^database\.dsn_file: .*database-dsn is empty"):
+        load_settings(_config(tmp_path))
+
+
+def test_without_credentials_directory_nothing_changes(tmp_path: Path) -> None:
+    """Outside systemd the secrets stay unset."""
+    settings = load_settings(_config(tmp_path))
+    assert settings.database.dsn_file is None
+    assert settings.sink.token_file is None
