@@ -202,8 +202,9 @@ async def test_healthcheck_answers_for_a_daemon_configured_by_environment_alone(
     image_venv: Path, database: Database, emulator: RunningEmulator, free_port: int
 ) -> None:
     """1. `relayd run` configured by the environment only (as the image is); 2. `relayd
-    healthcheck` exits 0 with one line once it serves; 3. after SIGTERM, exit 1 with one
-    line; 4. nothing was written into the installation (a read-only root file system)."""
+    healthcheck` exits 0 with one line once it serves, and `relayd check` passes every
+    check; 3. after SIGTERM, healthcheck exits 1 with one line; 4. nothing was written into
+    the installation (a read-only root file system)."""
     if DEFAULT_CONFIG_PATH.exists():
         pytest.skip(f"{DEFAULT_CONFIG_PATH} exists on this machine: the run would read it")
     before = _files(image_venv)
@@ -231,6 +232,25 @@ async def test_healthcheck_answers_for_a_daemon_configured_by_environment_alone(
             healthy.stdout
             == f"relayd: healthy: http://127.0.0.1:{free_port}/healthz answered 200\n"
         )
+        checked = await asyncio.create_subprocess_exec(
+            image_venv / "bin" / "relayd",
+            "check",
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        async with asyncio.timeout(60):
+            out, err = await checked.communicate()
+        assert checked.returncode == 0, (out + err).decode()
+        assert [line.split()[1] for line in out.decode().splitlines()] == [
+            "config",
+            "database",
+            "schema",
+            "privileges",
+            "listen",
+            "sink",
+            "clock",
+        ]
         # 3.
         daemon.send_signal(signal.SIGTERM)
         async with asyncio.timeout(30):
