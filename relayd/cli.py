@@ -23,6 +23,7 @@ from relayd.errors import (
     DatabaseUnavailable,
     MigrationError,
     SchemaError,
+    StatementError,
 )
 
 Handler = Callable[[argparse.Namespace], int]
@@ -78,6 +79,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument("--json", action="store_true", help="print JSON instead of TOML")
     show.set_defaults(handler=_config_show)
+
+    status = commands.add_parser(
+        "status",
+        parents=[common],
+        help="show the backlog, dead letters, pauses and the relays running now (read-only)",
+    )
+    status.add_argument(
+        "--json", action="store_true", help="print JSON (the shape in docs/operations.md)"
+    )
+    status.set_defaults(handler=_status)
 
     demo = commands.add_parser(
         "demo", help="run the main job end to end on an embedded PostgreSQL and the emulator"
@@ -156,6 +167,49 @@ def _migrate(args: argparse.Namespace) -> int:
     else:
         count = len(result["already_applied"])
         print(f"{result['table']}: up to date ({count} migration{'s' * (count != 1)} applied)")
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    from relayd.status import (  # noqa: PLC0415
+        StatusReport,
+        build_report,
+        render_text,
+        report_json,
+    )
+    from relayd.store import Store  # noqa: PLC0415
+
+    settings = _settings(args)
+    table = settings.outbox.outbox_table
+
+    async def read() -> StatusReport:
+        # No waiting for PostgreSQL here, unlike `relayd run`: an operator asked now.
+        store = await Store.connect(
+            settings.dsn,
+            table,
+            max_size=2,
+            connect_timeout_s=settings.database.connect_timeout_s,
+            statement_timeout_s=settings.database.statement_timeout_s,
+        )
+        try:
+            await store.check_schema()
+            try:
+                return await build_report(
+                    store,
+                    sample_interval_s=settings.metrics.sample_interval_s,
+                    lease_s=settings.relay.lease_s,
+                )
+            except StatementError as exc:
+                # The relay tables of migration 0003 are missing, most likely.
+                raise SchemaError(f"{table}: {exc}: run `relayd migrate`") from None
+        finally:
+            await store.close()
+
+    report = asyncio.run(read())
+    if args.json:
+        print(json.dumps(report_json(report), indent=2))
+    else:
+        print(render_text(report), end="")
     return EXIT_OK
 
 

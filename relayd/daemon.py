@@ -14,8 +14,9 @@ import functools
 import os
 import random
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Mapping
 from contextlib import AsyncExitStack
+from typing import Any
 
 from relayd import reconnect
 from relayd.cleanup import clean_published
@@ -27,7 +28,9 @@ from relayd.metrics import RelayMetrics
 from relayd.reconnect import DatabaseRetry
 from relayd.relay import BreakerGate, RelayContext, RelayWorker
 from relayd.retry import Backoff, BreakerState, CircuitBreaker
+from relayd.sampler import InstanceInfo, Sampler
 from relayd.sinks.ojs import OjsSink
+from relayd.status import build_report, report_json
 from relayd.store import Store
 from relayd.wakeup import Wakeup
 from relayd.web import make_app, start_web
@@ -64,6 +67,9 @@ class Daemon:
             Backoff(base_s=reconnect.BASE_S, cap_s=reconnect.CAP_S, rng=self._rng), self.metrics
         )
         self._gate: BreakerGate | None = None
+        # Set once PostgreSQL answered; until then /readyz and /v1/status say it does not.
+        self._store: Store | None = None
+        self.instance = InstanceInfo()
         self._hard_stop: asyncio.Timeout | None = None
         self._grace_ends: float | None = None
         self._crashed = False
@@ -102,11 +108,13 @@ class Daemon:
             stack.push_async_callback(store.close)
             await store.check_schema()
             ctx = self.make_context(store)
+            self._store = store
             await ctx.sink.start()
             stack.push_async_callback(ctx.sink.close)
             if self.settings.http.enabled:
                 host, port = parse_listen(self.settings.http.listen)
-                runner = await start_web(make_app(self.metrics, self._readiness(store)), host, port)
+                app = make_app(self.metrics, self._readiness, self._status)
+                runner = await start_web(app, host, port)
                 stack.push_async_callback(runner.cleanup)
             self.workers = [RelayWorker(ctx, f"w{i}") for i in range(self.settings.relay.workers)]
             # 2. serve until stopped (or a task crashes), 3. drain.
@@ -117,6 +125,16 @@ class Daemon:
 
     async def _serve(self, ctx: RelayContext) -> int:
         settings = self.settings
+        sampler = Sampler(
+            store=ctx.store,
+            metrics=self.metrics,
+            database=self._database,
+            interval_s=settings.metrics.sample_interval_s,
+            lease_s=settings.relay.lease_s,
+            stopping=self.stopping,
+            instance=self.instance,
+            activity=lambda: (ctx.gate.state, sum(w.in_flight for w in self.workers)),
+        )
         self._log.info(
             "daemon.started",
             table=str(ctx.store.table),
@@ -147,6 +165,10 @@ class Daemon:
                                 ),
                                 name="wakeup-listener",
                             )
+                        tasks.create_task(
+                            self._supervised(sampler.run(), "backlog-sampler"),
+                            name="backlog-sampler",
+                        )
                         if settings.cleanup.enabled:
                             tasks.create_task(
                                 self._supervised(
@@ -164,6 +186,10 @@ class Daemon:
             self._log.error("daemon.drain_timeout", bound_s=SETTLE_BOUND_S)
         if self._crashed:
             code = EXIT_FAILURE
+        if code == EXIT_OK:
+            # A clean stop: this relay is no longer running. After a crash the heartbeat is
+            # left to turn stale, which is what `relayd status` should then show.
+            await sampler.forget()
         # 3. drained: say what was left.
         self._log.info(
             "daemon.stopped",
@@ -235,7 +261,12 @@ class Daemon:
         return RelayContext(
             settings=self.settings,
             store=store,
-            sink=OjsSink(self.settings.sink, self.settings.sink_url, self._gate),
+            sink=OjsSink(
+                self.settings.sink,
+                self.settings.sink_url,
+                self._gate,
+                observe=self.metrics.count_sink_request,
+            ),
             gate=self._gate,
             wakeup=self._wakeup,
             stopping=self.stopping,
@@ -246,18 +277,33 @@ class Daemon:
             on_idle=self.stop if self._until_idle else None,
         )
 
-    def _readiness(self, store: Store) -> Callable[[], Awaitable[str | None]]:
-        async def check() -> str | None:
-            if self._gate is not None and self._gate.state is BreakerState.OPEN:
-                return "sink circuit breaker open"
-            try:
-                async with asyncio.timeout(2):
-                    await store.ping()
-            except (DatabaseUnavailable, TimeoutError):
-                return "database unreachable"
-            return None
+    async def _readiness(self) -> str | None:
+        """None when ready, else why not (`/readyz`)."""
+        store = self._store
+        if store is None:
+            return "database unreachable"  # still waiting for PostgreSQL at start-up
+        if not self.ready.is_set():
+            return "starting"
+        if self._gate is not None and self._gate.state is BreakerState.OPEN:
+            return "sink circuit breaker open"
+        try:
+            async with asyncio.timeout(2):
+                await store.ping()
+        except (DatabaseUnavailable, TimeoutError):
+            return "database unreachable"
+        return None
 
-        return check
+    async def _status(self) -> Mapping[str, Any]:
+        """`/v1/status`: the report of `relayd status --json`."""
+        store = self._store
+        if store is None:
+            raise DatabaseUnavailable("database unreachable")
+        report = await build_report(
+            store,
+            sample_interval_s=self.settings.metrics.sample_interval_s,
+            lease_s=self.settings.relay.lease_s,
+        )
+        return report_json(report)
 
 
 async def run_daemon(settings: Settings) -> int:
