@@ -21,6 +21,7 @@ from relayd.errors import (
     EXIT_USAGE,
     ConfigError,
     DatabaseUnavailable,
+    ListenError,
     MigrationError,
     SchemaError,
     StatementError,
@@ -38,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         _fail(f"config error: {exc}")
         return EXIT_USAGE
-    except (SchemaError, MigrationError) as exc:
+    except (SchemaError, MigrationError, ListenError) as exc:
         _fail(str(exc))
         return EXIT_FAILURE
     except DatabaseUnavailable as exc:

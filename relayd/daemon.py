@@ -1,5 +1,8 @@
 """The process lifecycle, told as steps: startup -> serve (a TaskGroup) -> drain -> shutdown.
 
+HTTP opens first, before PostgreSQL is reached: a liveness probe sees a process that is
+waiting correctly (`/healthz` 200, `/readyz` 503 "database unreachable"), not a dead one.
+
 The only signal code of relayd is here. The first SIGTERM/SIGINT drains (C8): stop claiming,
 let in-flight attempts finish within `relay.shutdown_grace_s`, settle them, release what never
 started, exit 0. A second signal exits at once; leases then expire on their own. Every task
@@ -16,12 +19,12 @@ import random
 import signal
 from collections.abc import Awaitable, Mapping
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relayd import reconnect
 from relayd.cleanup import clean_published
 from relayd.config import Settings, parse_listen
-from relayd.errors import EXIT_FAILURE, EXIT_OK, DatabaseUnavailable, WorkerCrashed
+from relayd.errors import EXIT_FAILURE, EXIT_OK, DatabaseUnavailable, ListenError, WorkerCrashed
 from relayd.listener import listen_for_inserts
 from relayd.logs import configure_logging, get_logger
 from relayd.metrics import RelayMetrics
@@ -34,6 +37,9 @@ from relayd.status import build_report, report_json
 from relayd.store import Store
 from relayd.wakeup import Wakeup
 from relayd.web import make_app, start_web
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 # After the grace period, how long settling (and releasing) may still take before we give up
 # and leave the remaining leases to expire.
@@ -100,7 +106,9 @@ class Daemon:
         _ = self.settings.dsn, self.settings.sink_url
         stack = AsyncExitStack()
         try:
-            # 1. startup: PostgreSQL (waiting for it if need be), the schema, the sink, HTTP.
+            # 1. startup: HTTP, PostgreSQL (waiting for it if need be), the schema, the sink.
+            if self.settings.http.enabled:
+                stack.push_async_callback((await self._start_http()).cleanup)
             store = await self._connect()
             if store is None:
                 self._log.info("daemon.stopped", released=0, abandoned=0, exit_code=EXIT_OK)
@@ -111,17 +119,25 @@ class Daemon:
             self._store = store
             await ctx.sink.start()
             stack.push_async_callback(ctx.sink.close)
-            if self.settings.http.enabled:
-                host, port = parse_listen(self.settings.http.listen)
-                app = make_app(self.metrics, self._readiness, self._status)
-                runner = await start_web(app, host, port)
-                stack.push_async_callback(runner.cleanup)
             self.workers = [RelayWorker(ctx, f"w{i}") for i in range(self.settings.relay.workers)]
             # 2. serve until stopped (or a task crashes), 3. drain.
             return await self._serve(ctx)
         finally:
-            # 4. shutdown: HTTP, sink sessions, the pool, in reverse order.
+            # 4. shutdown, in reverse order: sink sessions, the pool, HTTP (the first open).
             await stack.aclose()
+
+    async def _start_http(self) -> web.AppRunner:
+        """Serve /metrics, /healthz, /readyz and /v1/status; `ListenError` (exit 1, one
+        line) if the address cannot be bound."""
+        listen = self.settings.http.listen
+        host, port = parse_listen(listen)
+        app = make_app(self.metrics, self._readiness, self._status)
+        try:
+            return await start_web(app, host, port)
+        except OSError as exc:
+            # asyncio's message repeats the address; the errno's own text says it all.
+            reason = os.strerror(exc.errno).lower() if exc.errno else type(exc).__name__
+            raise ListenError("http.listen", listen, reason) from None
 
     async def _serve(self, ctx: RelayContext) -> int:
         settings = self.settings

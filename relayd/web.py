@@ -85,8 +85,13 @@ def _retrieve(task: asyncio.Task[Mapping[str, Any]]) -> None:
 
 
 async def start_web(app: web.Application, host: str, port: int) -> web.AppRunner:
-    """Serve `app`; the caller cleans up the returned runner."""
+    """Serve `app`; the caller cleans up the returned runner. `OSError` if the address
+    cannot be bound (nothing is left open then)."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     return runner
