@@ -1,4 +1,5 @@
 """`make bench`: drain an outbox backlog three ways in one run and print ratios.
+(`python -m bench sampler` times the backlog sampler instead: bench/sampler.py.)
 
 - one-row loop: the simplest outbox relay (SELECT one unsent row, POST it on a new
   connection, mark it published), sequential: the baseline;
@@ -140,6 +141,11 @@ def _report(results: list[tuple[str, int, float]]) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["sampler"]:
+        from bench.sampler import main as sampler  # noqa: PLC0415 - one benchmark per run
+
+        sampler(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--rows", type=int, default=20_000, help="rows per relayd mode")
     parser.add_argument("--loop-rows", type=int, default=2_000, help="rows for the baseline")

@@ -21,6 +21,7 @@ from relayd.errors import (
     EXIT_USAGE,
     ConfigError,
     DatabaseUnavailable,
+    ListenError,
     MigrationError,
     SchemaError,
 )
@@ -37,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         _fail(f"config error: {exc}")
         return EXIT_USAGE
-    except (SchemaError, MigrationError) as exc:
+    except (SchemaError, MigrationError, ListenError) as exc:
         _fail(str(exc))
         return EXIT_FAILURE
     except DatabaseUnavailable as exc:
@@ -101,6 +102,16 @@ def build_parser() -> argparse.ArgumentParser:
         "example", help="print the example configuration (every key, its default and meaning)"
     )
     example.set_defaults(handler=_config_example)
+
+    status = commands.add_parser(
+        "status",
+        parents=[common],
+        help="show the backlog, dead letters, pauses and the relays running now (read-only)",
+    )
+    status.add_argument(
+        "--json", action="store_true", help="print JSON (the shape in docs/operations.md)"
+    )
+    status.set_defaults(handler=_status)
 
     demo = commands.add_parser(
         "demo", help="run the main job end to end on an embedded PostgreSQL and the emulator"
@@ -318,6 +329,46 @@ def _add_operator_commands(
     resume.add_argument("--actor", metavar="NAME", help="who acts, for the audit (the OS user)")
     resume.add_argument("--json", action="store_true", help="machine-readable output")
     resume.set_defaults(handler=pauses.resume_command)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from relayd.migrate import require_current  # noqa: PLC0415
+    from relayd.status import (  # noqa: PLC0415
+        StatusReport,
+        build_report,
+        render_text,
+        report_json,
+    )
+    from relayd.store import Store  # noqa: PLC0415
+
+    settings = _settings(args)
+    table = settings.outbox.outbox_table
+
+    async def read() -> StatusReport:
+        # No waiting for PostgreSQL here, unlike `relayd run`: an operator asked now.
+        store = await Store.connect(
+            settings.dsn,
+            table,
+            max_size=2,
+            connect_timeout_s=settings.database.connect_timeout_s,
+            statement_timeout_s=settings.database.statement_timeout_s,
+        )
+        try:
+            await require_current(store)
+            return await build_report(
+                store,
+                sample_interval_s=settings.metrics.sample_interval_s,
+                lease_s=settings.relay.lease_s,
+            )
+        finally:
+            await store.close()
+
+    report = asyncio.run(read())
+    if args.json:
+        print(json.dumps(report_json(report), indent=2))
+    else:
+        print(render_text(report), end="")
+    return EXIT_OK
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -227,6 +227,13 @@ class CleanupSettings(_Section):
     batch_size: int = Field(default=1000, ge=1, le=100_000)
 
 
+class MetricsSettings(_Section):
+    # The backlog sampler's period, which is also the heartbeat's: a relay silent for three
+    # of them is shown as stale, so it must stay far below the day after which heartbeats
+    # are pruned; under 0.1 s the sample would be a steady load on PostgreSQL.
+    sample_interval_s: float = Field(default=5.0, ge=0.1, le=3600.0)
+
+
 def parse_listen(value: str) -> tuple[str, int]:
     """Split `HOST:PORT` (IPv6 as `[::1]:PORT`) and check the port."""
     host, sep, port_text = value.rpartition(":")
@@ -268,6 +275,7 @@ class Settings(BaseSettings):
     http: HttpSettings = HttpSettings()
     log: LogSettings = LogSettings()
     cleanup: CleanupSettings = CleanupSettings()
+    metrics: MetricsSettings = MetricsSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -1,5 +1,8 @@
 """The process lifecycle, told as steps: startup -> serve (a TaskGroup) -> drain -> shutdown.
 
+HTTP opens first, before PostgreSQL is reached: a liveness probe sees a process that is
+waiting correctly (`/healthz` 200, `/readyz` 503 "database unreachable"), not a dead one.
+
 The only signal code of relayd is here. The first SIGTERM/SIGINT drains (C8): stop claiming,
 let in-flight attempts finish within `relay.shutdown_grace_s`, settle them, release what never
 started, exit 0. A second signal exits at once; leases then expire on their own. Every task
@@ -14,13 +17,14 @@ import functools
 import os
 import random
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any
 
 from relayd import reconnect, systemd
 from relayd.cleanup import clean_published
 from relayd.config import Settings, parse_listen
-from relayd.errors import EXIT_FAILURE, EXIT_OK, DatabaseUnavailable, WorkerCrashed
+from relayd.errors import EXIT_FAILURE, EXIT_OK, DatabaseUnavailable, ListenError, WorkerCrashed
 from relayd.listener import listen_for_inserts
 from relayd.logs import configure_logging, get_logger
 from relayd.metrics import RelayMetrics
@@ -28,11 +32,16 @@ from relayd.migrate import require_current
 from relayd.reconnect import DatabaseRetry
 from relayd.relay import BreakerGate, RelayContext, RelayWorker
 from relayd.retry import Backoff, BreakerState, CircuitBreaker
+from relayd.sampler import InstanceInfo, Sampler
 from relayd.sinks.ojs import OjsSink
+from relayd.status import build_report, report_json
 from relayd.store import Store
 from relayd.storm import StormGuard
 from relayd.wakeup import Wakeup
 from relayd.web import make_app, start_web
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 # After the grace period, how long settling (and releasing) may still take before we give up
 # and leave the remaining leases to expire.
@@ -66,6 +75,9 @@ class Daemon:
             Backoff(base_s=reconnect.BASE_S, cap_s=reconnect.CAP_S, rng=self._rng), self.metrics
         )
         self._gate: BreakerGate | None = None
+        # Set once PostgreSQL answered; until then /readyz and /v1/status say it does not.
+        self._store: Store | None = None
+        self.instance = InstanceInfo()
         self._hard_stop: asyncio.Timeout | None = None
         self._grace_ends: float | None = None
         self._crashed = False
@@ -109,7 +121,9 @@ class Daemon:
         _ = self.settings.dsn, self.settings.sink_url
         stack = AsyncExitStack()
         try:
-            # 1. startup: PostgreSQL (waiting for it if need be), the schema, the sink, HTTP.
+            # 1. startup: HTTP, PostgreSQL (waiting for it if need be), the schema, the sink.
+            if self.settings.http.enabled:
+                stack.push_async_callback((await self._start_http()).cleanup)
             store = await self._connect()
             if store is None:
                 self._log.info("daemon.stopped", released=0, abandoned=0, exit_code=EXIT_OK)
@@ -117,21 +131,42 @@ class Daemon:
             stack.push_async_callback(store.close)
             await require_current(store)
             ctx = self.make_context(store)
+            self._store = store
             await ctx.sink.start()
             stack.push_async_callback(ctx.sink.close)
-            if self.settings.http.enabled:
-                host, port = parse_listen(self.settings.http.listen)
-                runner = await start_web(make_app(self.metrics, self._readiness(store)), host, port)
-                stack.push_async_callback(runner.cleanup)
             self.workers = [RelayWorker(ctx, f"w{i}") for i in range(self.settings.relay.workers)]
             # 2. serve until stopped (or a task crashes), 3. drain.
             return await self._serve(ctx)
         finally:
-            # 4. shutdown: HTTP, sink sessions, the pool, in reverse order.
+            # 4. shutdown, in reverse order: sink sessions, the pool, HTTP (the first open).
             await stack.aclose()
+
+    async def _start_http(self) -> web.AppRunner:
+        """Serve /metrics, /healthz, /readyz and /v1/status; `ListenError` (exit 1, one
+        line) if the address cannot be bound."""
+        listen = self.settings.http.listen
+        host, port = parse_listen(listen)
+        app = make_app(self.metrics, self._readiness, self._status)
+        try:
+            return await start_web(app, host, port)
+        except OSError as exc:
+            # asyncio's message repeats the address; the errno's own text says it all.
+            reason = os.strerror(exc.errno).lower() if exc.errno else type(exc).__name__
+            raise ListenError("http.listen", listen, reason) from None
 
     async def _serve(self, ctx: RelayContext) -> int:
         settings = self.settings
+        sampler = Sampler(
+            store=ctx.store,
+            metrics=self.metrics,
+            database=self._database,
+            interval_s=settings.metrics.sample_interval_s,
+            lease_s=settings.relay.lease_s,
+            stopping=self.stopping,
+            instance=self.instance,
+            activity=lambda: (ctx.gate.state, sum(w.in_flight for w in self.workers)),
+        )
+        self.backlog_status = sampler.summary
         self._log.info(
             "daemon.started",
             table=str(ctx.store.table),
@@ -162,6 +197,10 @@ class Daemon:
                                 ),
                                 name="wakeup-listener",
                             )
+                        tasks.create_task(
+                            self._supervised(sampler.run(), "backlog-sampler"),
+                            name="backlog-sampler",
+                        )
                         if settings.cleanup.enabled:
                             tasks.create_task(
                                 self._supervised(
@@ -179,6 +218,10 @@ class Daemon:
             self._log.error("daemon.drain_timeout", bound_s=SETTLE_BOUND_S)
         if self._crashed:
             code = EXIT_FAILURE
+        if code == EXIT_OK:
+            # A clean stop: this relay is no longer running. After a crash the heartbeat is
+            # left to turn stale, which is what `relayd status` should then show.
+            await sampler.forget()
         # 3. drained: say what was left.
         self._log.info(
             "daemon.stopped",
@@ -250,7 +293,12 @@ class Daemon:
         return RelayContext(
             settings=self.settings,
             store=store,
-            sink=OjsSink(self.settings.sink, self.settings.sink_url, self._gate),
+            sink=OjsSink(
+                self.settings.sink,
+                self.settings.sink_url,
+                self._gate,
+                observe=self.metrics.count_sink_request,
+            ),
             gate=self._gate,
             wakeup=self._wakeup,
             stopping=self.stopping,
@@ -265,18 +313,33 @@ class Daemon:
             on_idle=self.stop if self._until_idle else None,
         )
 
-    def _readiness(self, store: Store) -> Callable[[], Awaitable[str | None]]:
-        async def check() -> str | None:
-            if self._gate is not None and self._gate.state is BreakerState.OPEN:
-                return "sink circuit breaker open"
-            try:
-                async with asyncio.timeout(2):
-                    await store.ping()
-            except (DatabaseUnavailable, TimeoutError):
-                return "database unreachable"
-            return None
+    async def _readiness(self) -> str | None:
+        """None when ready, else why not (`/readyz`)."""
+        store = self._store
+        if store is None:
+            return "database unreachable"  # still waiting for PostgreSQL at start-up
+        if not self.ready.is_set():
+            return "starting"
+        if self._gate is not None and self._gate.state is BreakerState.OPEN:
+            return "sink circuit breaker open"
+        try:
+            async with asyncio.timeout(2):
+                await store.ping()
+        except (DatabaseUnavailable, TimeoutError):
+            return "database unreachable"
+        return None
 
-        return check
+    async def _status(self) -> Mapping[str, Any]:
+        """`/v1/status`: the report of `relayd status --json`."""
+        store = self._store
+        if store is None:
+            raise DatabaseUnavailable("database unreachable")
+        report = await build_report(
+            store,
+            sample_interval_s=self.settings.metrics.sample_interval_s,
+            lease_s=self.settings.relay.lease_s,
+        )
+        return report_json(report)
 
 
 async def run_daemon(settings: Settings) -> int:

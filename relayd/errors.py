@@ -8,6 +8,7 @@
     │                          callers back off and retry, they never crash on it
     ├── StatementError         PostgreSQL refused a statement for a reason retrying will not
     │                          cure (a schema changed under relayd, a bug): names the statement
+    ├── ListenError            an address relayd must serve on is taken or refused: exit 1
     └── WorkerCrashed          a relay worker's cycle failed unexpectedly: the daemon logs the
                                step, statement and rows, drains the others and exits 1
 
@@ -57,6 +58,15 @@ class StatementError(RelaydError):
     def __init__(self, statement: str, description: str) -> None:
         super().__init__(f"{statement}: {description}")
         self.statement = statement
+
+
+class ListenError(RelaydError):
+    """relayd cannot listen where its configuration says (`key`, e.g. `http.listen`): the
+    setting is valid, the environment is not (the port is taken, the address is not ours)."""
+
+    def __init__(self, key: str, address: str, reason: str) -> None:
+        super().__init__(f"{key}: cannot listen on {address}: {reason}")
+        self.key = key
 
 
 class WorkerCrashed(RelaydError):

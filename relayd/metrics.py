@@ -1,19 +1,43 @@
 """Every Prometheus metric relayd exports, on an injectable registry (tests get their own).
 
-Labels are bounded enumerations (outcome, reason, state); never ids.
+Labels are bounded enumerations (outcome, reason, state, method, code); never ids. The
+process collectors (RSS, open fds, start time, the Python build) are registered on this
+registry too: relayd never exports prometheus_client's global registry.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import math
+import time
 
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
+
+from relayd import __version__
 from relayd.models import DeadReason
 from relayd.retry import BreakerState
 from relayd.settlement import Settled
+from relayd.status import BACKLOG_BOUND, Backlog
 
 # Seconds; from a fast local sink to a backlog drained after an outage.
 _LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600)
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+# No `*_created` series: they double the series count and no alert or dashboard of ours
+# reads them. prometheus_client offers two switches, both process-wide: this function, and
+# the PROMETHEUS_DISABLE_CREATED_SERIES environment variable, which it reads at import. The
+# variable would be inherited by every process relayd starts (the emulator, `relayd demo`'s
+# children) and by any Python process sharing a unit's or container's environment, changing
+# their registries too; the call changes this interpreter only, which relayd owns when it
+# exports metrics.
+disable_created_metrics()  # type: ignore[no-untyped-call]  # the library leaves it unannotated
 
 
 class RelayMetrics:
@@ -65,6 +89,60 @@ class RelayMetrics:
             "Statements that failed because PostgreSQL was unreachable.",
             registry=r,
         )
+        self.sink_requests = Counter(
+            "relayd_sink_requests",
+            "HTTP exchanges with the OJS server, by method and code: the answer's status, "
+            "'error' for a transport failure (refused, reset, TLS), 'timeout' when the "
+            "attempt's deadline ended it before an answer.",
+            ["method", "code"],
+            registry=r,
+        )
+        # --- the backlog, sampled every metrics.sample_interval_s (relayd/sampler.py) ---
+        self.outbox_rows = Gauge(
+            "relayd_outbox_rows",
+            "Outbox rows by state at the last sample: ready (claimable now: the claim's "
+            "predicate, pauses included), scheduled (waiting out a backoff), leased (claimed, "
+            "in flight: lease_owner set, among the rows due within relay.lease_s), dead "
+            "(dead-lettered, not discarded). Due rows of a paused queue are in no state. "
+            f"Counted exactly up to {BACKLOG_BOUND} rows per index scan (pending rows: the "
+            "claim index; dead: the dead-letter index); above that, PostgreSQL's estimate of "
+            "the index's rows (pg_class.reltuples, as of the last VACUUM or ANALYZE) less the "
+            "exact counts of the other states.",
+            ["state"],
+            registry=r,
+        )
+        self.oldest_claimable_age = Gauge(
+            "relayd_outbox_oldest_claimable_age_seconds",
+            "now() - available_at of the first row the claim would take (same predicate and "
+            "order, pauses included): how long it has been claimable. 0 when none. A row "
+            "waiting out a backoff does not count: this grows only when relayd is not "
+            "keeping up. +Inf for a row whose available_at is -infinity.",
+            registry=r,
+        )
+        self.oldest_pending_age = Gauge(
+            "relayd_outbox_oldest_pending_age_seconds",
+            "now() - created_at of the oldest row neither published nor dead-lettered, in "
+            "backoff or not (from the index on created_at of pending rows). 0 when none.",
+            registry=r,
+        )
+        self.backlog_sampled = Gauge(
+            "relayd_backlog_sampled_timestamp_seconds",
+            "Unix time of the last successful backlog sample (0 before the first): the "
+            "backlog gauges are this old.",
+            registry=r,
+        )
+        self.paused = Gauge(
+            "relayd_paused",
+            "1 while relayd_pauses holds any pause of this outbox (one queue or '*'), at the "
+            "last sample; else 0.",
+            registry=r,
+        )
+        self.build_info = Gauge(
+            "relayd_build_info", "Always 1; the running relayd's version.", ["version"], registry=r
+        )
+        self.build_info.labels(__version__).set(1)
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
         for settled in Settled:
             self.outcomes.labels(settled.value)
         for reason in DeadReason:
@@ -72,3 +150,23 @@ class RelayMetrics:
 
     def set_breaker(self, state: BreakerState) -> None:
         self.breaker_state.set(state.value)
+
+    def count_sink_request(self, method: str, code: str) -> None:
+        """One HTTP exchange with the sink (`OjsSink` is given this, not the registry)."""
+        self.sink_requests.labels(method, code).inc()
+
+    def set_backlog(self, backlog: Backlog, *, sampled_at: float | None = None) -> None:
+        """Publish one backlog sample; `sampled_at` is unix time (default: now)."""
+        for state, rows in backlog.by_state().items():
+            self.outbox_rows.labels(state).set(rows)
+        self.oldest_claimable_age.set(_age(backlog.oldest_claimable_age_s))
+        self.oldest_pending_age.set(_age(backlog.oldest_pending_age_s))
+        self.paused.set(1 if backlog.any_pause else 0)
+        self.backlog_sampled.set(time.time() if sampled_at is None else sampled_at)
+
+
+def _age(seconds: float | None) -> float:
+    """None (no such row) is 0; a negative age (a time ahead of the database's clock) too."""
+    if seconds is None or math.isnan(seconds):
+        return 0.0
+    return max(seconds, 0.0)

@@ -159,6 +159,47 @@ async def drained(conn: asyncpg.Connection) -> bool:
     return await pending(conn) == 0
 
 
+async def rows_in_every_state(conn: asyncpg.Connection) -> dict[str, list[str]]:
+    """Commit 14 rows and move them, in SQL, into every state the backlog knows; returns
+    their ids by state. Ages are set relative to now(): the `mail` rows have been claimable
+    for 1000 s, the oldest `orders` row for 100 s; the oldest pending row (scheduled) was
+    created 5000 s ago, a published one 9000 s ago."""
+    orders = await produce(conn, 12, queue="orders")
+    mail = await produce(conn, 2, job_type="mail.send", queue="mail")
+    ids = {
+        "ready": orders[0:3] + mail,  # orders[1]: a lease that expired, claimable again
+        "scheduled": orders[3:6],
+        "leased": orders[6:8],
+        "dead": orders[8:10],
+        "discarded": orders[10:11],
+        "published": orders[11:12],
+    }
+    moves = [
+        ("available_at = now() - interval '100 s'", orders[0:1]),
+        ("available_at = now() - interval '5 s', lease_owner = gen_random_uuid()", orders[1:2]),
+        ("available_at = now() - interval '1000 s'", mail),
+        ("available_at = now() + interval '60 s', attempts = 1", ids["scheduled"]),
+        ("created_at = now() - interval '5000 s'", orders[3:4]),
+        (
+            "available_at = now() + interval '30 s', lease_owner = gen_random_uuid(), attempts = 1",
+            ids["leased"],
+        ),
+        ("dead_at = now(), dead_reason = 'conflict'", orders[8:9]),
+        ("dead_at = now(), dead_reason = 'sink_rejected'", orders[9:10]),
+        (
+            "dead_at = now(), dead_reason = 'conflict', discarded_at = now(), "
+            "discard_reason = 'test'",
+            ids["discarded"],
+        ),
+        ("published_at = now(), created_at = now() - interval '9000 s'", ids["published"]),
+    ]
+    for assignments, rows in moves:
+        await conn.execute(
+            f"UPDATE relayd.outbox SET {assignments} WHERE event_id = ANY($1::uuid[])", rows
+        )
+    return ids
+
+
 def claimed(job_bytes: int = 0, **job: Any) -> ClaimedRow:
     """A claimed row for pure tests; `job_bytes` pads args to about that size."""
     event_id = uuid7()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
 
 import aiohttp
@@ -56,6 +56,10 @@ _MANIFEST_TTL_S = 300.0
 _MANIFEST_RETRY_S = 30.0
 _O = TypeVar("_O")
 
+# Told of every HTTP exchange: its method, and its status as text or a bounded failure label
+# ("error": no answer, the transport failed; "timeout": the attempt's deadline ended it).
+ExchangeObserver = Callable[[str, str], None]
+
 
 class OjsSink:
     """Publishes rows to one OJS server over a keep-alive connection pool.
@@ -66,10 +70,18 @@ class OjsSink:
     on the sink, so it needs no such check.
     """
 
-    def __init__(self, settings: SinkSettings, url: str, health: SinkHealth) -> None:
+    def __init__(
+        self,
+        settings: SinkSettings,
+        url: str,
+        health: SinkHealth,
+        *,
+        observe: ExchangeObserver | None = None,
+    ) -> None:
         self._settings = settings
         self._url = url
         self._health = health
+        self._observe = observe
         self._session: aiohttp.ClientSession | None = None
         self._batch_known: bool | None = {"on": True, "off": False}.get(settings.batch)
         self._batch_checked_at = float("-inf")
@@ -302,18 +314,26 @@ class OjsSink:
         headers = {"X-Request-Id": rid}
         if body is not None:
             headers["Content-Type"] = MEDIA_TYPE
+        # Unless an answer or a transport failure says otherwise, the exchange was cut by
+        # the attempt's deadline (a cancellation, which is not ours to swallow).
+        code = "timeout"
         try:
             async with self._session.request(
                 method, self._url + path, data=body, headers=headers, allow_redirects=False
             ) as response:
                 content = await response.content.read(_MAX_RESPONSE_BYTES)
+                code = str(response.status)
                 if not 200 <= response.status < 300:
                     # Error text may reach logs and last_error; a server or proxy that
                     # echoes our Authorization header must not put the token there.
                     content = redact(content, self._secrets)
                 return Response(response.status, content, response.headers.get("Retry-After"))
         except aiohttp.ClientError as exc:
+            code = "error"
             return classify_exception(exc)
+        finally:
+            if self._observe is not None:
+                self._observe(method, code)
 
     def _noted(self, outcome: _O) -> _O:
         """Tell the breaker whether this exchange showed a healthy sink."""

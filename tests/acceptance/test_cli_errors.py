@@ -83,7 +83,7 @@ def test_migrate_with_a_wrong_database_name_exits_2_without_the_password(
             {"RELAYD_BOGUS__X": "1"},
             "",
             "RELAYD_BOGUS__X: unknown setting section 'bogus' (known: database, outbox, sink, "
-            "relay, retry, http, log, cleanup)",
+            "relay, retry, http, log, cleanup, metrics)",
         ),
     ],
 )

@@ -1,0 +1,127 @@
+"""The backlog sampler, a task of the daemon: every `metrics.sample_interval_s`, one bounded
+statement feeds the backlog gauges (never a query per row), and this relay's heartbeat row in
+relayd_instances says it is alive, which `relayd status` lists. It rides out PostgreSQL
+outages through the database-outage policy (relayd/reconnect.py) like the other loops;
+`relayd_backlog_sampled_timestamp_seconds` then shows how old the gauges are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from structlog.typing import FilteringBoundLogger
+
+from relayd import __version__
+from relayd.errors import DatabaseUnavailable
+from relayd.logs import get_logger
+from relayd.metrics import RelayMetrics
+from relayd.reconnect import DatabaseRetry
+from relayd.retry import BreakerState
+from relayd.status import BACKLOG_BOUND, Backlog, Heartbeat, sample_backlog
+from relayd.store import Store
+from relayd.wakeup import wait_event
+
+# A clean stop removes the heartbeat, but never waits long for it: a relay that cannot
+# reach PostgreSQL while stopping leaves a row that turns stale, which is the truth.
+_FORGET_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    """Who this relay is, as its heartbeat row says."""
+
+    instance_id: uuid.UUID = field(default_factory=uuid.uuid4)
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+    version: str = __version__
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+
+# What the heartbeat reports of the relay's activity: the breaker's state, rows in flight.
+Activity = Callable[[], tuple[BreakerState, int]]
+
+
+@dataclass
+class Sampler:
+    """Samples the backlog into `metrics` and keeps `instance`'s heartbeat, every
+    `interval_s` until `stopping` is set; `bound` limits each scan (tests make it small)."""
+
+    store: Store
+    metrics: RelayMetrics
+    database: DatabaseRetry
+    interval_s: float
+    lease_s: float  # relay.lease_s: leases are looked for among the rows due that soon
+    stopping: asyncio.Event
+    instance: InstanceInfo
+    activity: Activity
+    bound: int = BACKLOG_BOUND
+    last: Backlog | None = None
+    _log: FilteringBoundLogger = field(default_factory=lambda: get_logger("sampler"))
+
+    async def run(self) -> None:
+        """Sample and beat at once, then every interval; back off while PostgreSQL is away
+        (the gauges keep their last values, and their timestamp says how old they are)."""
+        failures = 0
+        while not self.stopping.is_set():
+            try:
+                await self.sample()
+                await self.beat()
+            except DatabaseUnavailable as exc:
+                failures += 1
+                await self.database.wait(
+                    failures,
+                    exc,
+                    log=self._log,
+                    event="sampler.database_unavailable",
+                    stopping=self.stopping,
+                )
+                continue
+            failures = 0
+            await wait_event(self.stopping, self.interval_s)
+
+    async def sample(self) -> Backlog:
+        backlog = await sample_backlog(self.store, lease_s=self.lease_s, bound=self.bound)
+        self.metrics.set_backlog(backlog)
+        self.last = backlog
+        return backlog
+
+    def summary(self) -> str | None:
+        """The last sample in a few words (systemd's STATUS= line); None before the first."""
+        if self.last is None:
+            return None
+        backlog = self.last
+        age = backlog.oldest_claimable_age_s or 0.0
+        paused = ", paused" if backlog.any_pause else ""
+        return (
+            f"{backlog.ready:,} ready, oldest claimable {age:.0f}s, {backlog.dead:,} dead{paused}"
+        )
+
+    async def beat(self) -> None:
+        breaker, in_flight = self.activity()
+        instance = self.instance
+        await self.store.heartbeat(
+            Heartbeat(
+                instance_id=instance.instance_id,
+                host=instance.host,
+                pid=instance.pid,
+                version=instance.version,
+                started_at=instance.started_at,
+                breaker_state=breaker.name.lower(),
+                in_flight=in_flight,
+            )
+        )
+
+    async def forget(self) -> None:
+        """Remove the heartbeat (a clean stop); if PostgreSQL is away, leave it to turn
+        stale."""
+        try:
+            async with asyncio.timeout(_FORGET_TIMEOUT_S):
+                await self.store.heartbeat_delete(self.instance.instance_id)
+        except (DatabaseUnavailable, TimeoutError) as exc:
+            self._log.warning("sampler.heartbeat_left", error=str(exc) or type(exc).__name__)

@@ -1,0 +1,465 @@
+"""The backlog as operators see it: what the backlog sampler's gauges and `relayd status`
+(the command and `GET /v1/status`) report, built from one bounded read of the database.
+
+It owns the counting rules: every scan reads at most `BACKLOG_BOUND` rows of an index, and
+above that a state's count is PostgreSQL's estimate (`Backlog.from_sample`, pure). It also
+owns the report's two renderings: the JSON shape scripts rely on (docs/operations.md) and
+the human table. The SQL is in `sql/queries.sql` (`backlog_sample` and the blocks after it).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from relayd.store import Store
+
+# How many rows one scan of the sampler or of `relayd status` reads at most. Counting
+# index entries costs about a microsecond each: the bound keeps a sample in the tens of
+# milliseconds whatever the backlog (bench: `python -m bench sampler`).
+BACKLOG_BOUND = 100_000
+# How many queues and types `relayd status` lists.
+TOP_N = 10
+# A relay whose heartbeat is older than this many sample intervals is marked stale.
+STALE_INTERVALS = 3
+
+# The states of relayd_outbox_rows, in the order they are shown.
+STATES = ("ready", "scheduled", "leased", "dead")
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """The outbox's rows by state at one instant; `estimated` names the states whose count
+    is PostgreSQL's estimate (their exact count exceeded `bound`)."""
+
+    ready: int  # due and claimable: what the next claims would take
+    paused: int  # due, but in a paused queue: not claimable until resumed
+    scheduled: int  # waiting out a backoff
+    leased: int  # claimed, in flight
+    dead: int  # dead-lettered, not discarded
+    estimated: frozenset[str]
+    oldest_claimable_age_s: float | None  # None: no claimable row
+    oldest_pending_age_s: float | None  # None: nothing pending
+    any_pause: bool
+    bound: int
+    at: datetime | None = None  # the database's clock when sampled
+
+    def by_state(self) -> dict[str, int]:
+        """The gauge's states (a paused row is in none of them)."""
+        return {
+            "ready": self.ready,
+            "scheduled": self.scheduled,
+            "leased": self.leased,
+            "dead": self.dead,
+        }
+
+    @classmethod
+    def from_sample(cls, sample: Mapping[str, Any], bound: int) -> Backlog:
+        """Turn the `backlog_sample` row (each scan limited to `bound + 1` rows) into counts.
+
+        A scan that read `bound + 1` rows was cut: that count is replaced by an estimate.
+        Pending rows have one estimate for all states (the claim index's reltuples), so a
+        cut scan's states get what the estimate leaves after the other scan's exact count;
+        if both scans were cut, the split is unknown: the rows not yet due are reported at
+        the bound (a lower bound) and the rest of the estimate as due. Due rows are split
+        between ready and paused in the proportion of the rows read. Leased rows are
+        counted among the rows due within relay.lease_s (every lease ends by then); if more
+        than `bound` rows are due in that window, the count is a lower bound.
+        """
+        due_n = int(sample["due_rows"])
+        held_n = int(sample["held_rows"])
+        future_n = int(sample["future_rows"])
+        leased = int(sample["leased_rows"])
+        lease_window = int(sample["lease_window_rows"])
+        dead = int(sample["dead_rows"])
+        pending_estimate = _estimate(sample.get("pending_estimate"))
+        estimated: set[str] = set()
+
+        scheduled = future_n - leased
+        if future_n > bound and due_n <= bound:
+            scheduled = max(round(pending_estimate) - due_n, future_n) - leased
+            estimated.add("scheduled")
+        elif future_n > bound:
+            estimated.add("scheduled")  # the lower bound: see above
+        ready, paused = due_n - held_n, held_n
+        if due_n > bound:
+            due = max(round(pending_estimate) - future_n, due_n)
+            paused = round(due * held_n / due_n)
+            ready = due - paused
+            estimated.add("ready")
+            if paused:
+                estimated.add("paused")
+        if lease_window > bound:
+            estimated.add("leased")  # a lower bound: see above
+        if dead > bound:
+            dead = max(round(_estimate(sample.get("dead_estimate"))), dead)
+            estimated.add("dead")
+        return cls(
+            ready=ready,
+            paused=paused,
+            scheduled=scheduled,
+            leased=leased,
+            dead=dead,
+            estimated=frozenset(estimated),
+            oldest_claimable_age_s=sample["oldest_claimable_age_s"],
+            oldest_pending_age_s=sample["oldest_pending_age_s"],
+            any_pause=bool(sample["paused"]),
+            bound=bound,
+            at=sample.get("sampled_at"),
+        )
+
+
+def _estimate(value: object) -> float:
+    """reltuples: -1 (PostgreSQL 14+) or 0 until the first VACUUM or ANALYZE; None if the
+    index is missing. Anything unusable counts as 0, so the exact lower bound wins."""
+    if isinstance(value, int | float) and math.isfinite(value) and value > 0:
+        return float(value)
+    return 0.0
+
+
+async def sample_backlog(store: Store, *, lease_s: float, bound: int = BACKLOG_BOUND) -> Backlog:
+    """The sampler's one statement; `lease_s` is relay.lease_s, the longest a lease runs."""
+    return Backlog.from_sample(await store.backlog_sample(bound + 1, lease_s), bound)
+
+
+# --- the relays running now ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """What a running relay writes to relayd_instances every sample interval."""
+
+    instance_id: uuid.UUID
+    host: str
+    pid: int
+    version: str
+    started_at: datetime
+    breaker_state: str  # closed, half_open, open
+    in_flight: int  # rows claimed and not yet settled
+
+
+# --- the report ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    name: str
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    queue: str
+    reason: str
+    paused_by: str
+    paused_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """A relay's heartbeat row (relayd_instances)."""
+
+    instance_id: str
+    host: str
+    pid: int
+    version: str
+    started_at: datetime
+    last_seen: datetime
+    last_seen_age_s: float
+    breaker_state: str
+    in_flight: int
+    stale: bool
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReport:
+    """Everything `relayd status` shows, read in one database snapshot."""
+
+    outbox: str
+    backlog: Backlog
+    dead_by_reason: list[Count]
+    dead_counted: int  # the dead letters `dead_by_reason` covers (the oldest, up to the bound)
+    top_queues: list[Count]
+    top_types: list[Count]
+    top_counted: int  # the pending rows the top lists cover (the first, in claim order)
+    pauses: list[Pause]
+    instances: list[Instance]
+    stale_after_s: float
+
+
+async def build_report(
+    store: Store,
+    *,
+    sample_interval_s: float,
+    lease_s: float,
+    bound: int = BACKLOG_BOUND,
+    top: int = TOP_N,
+) -> StatusReport:
+    """Read the report; relays silent for more than `STALE_INTERVALS` sample intervals (of
+    this reader's configuration) are marked stale. `lease_s` is relay.lease_s."""
+    rows = await store.status_rows(bound, top, lease_s)
+    stale_after_s = round(STALE_INTERVALS * sample_interval_s, 3)
+    tops: dict[str, list[Count]] = {"queue": [], "type": []}
+    top_counted = 0
+    for row in rows["backlog_top"]:
+        tops[row["kind"]].append(Count(row["name"], int(row["rows"])))
+        top_counted = int(row["sampled_rows"])
+    dead_by_reason = [Count(r["reason"], int(r["rows"])) for r in rows["dead_by_reason"]]
+    return StatusReport(
+        outbox=str(store.table),
+        backlog=Backlog.from_sample(rows["backlog_sample"][0], bound),
+        dead_by_reason=dead_by_reason,
+        dead_counted=sum(count.rows for count in dead_by_reason),
+        top_queues=tops["queue"],
+        top_types=tops["type"],
+        top_counted=top_counted,
+        pauses=[
+            Pause(r["queue"], r["reason"], r["paused_by"], r["paused_at"])
+            for r in rows["pauses_list"]
+        ],
+        instances=[
+            Instance(
+                instance_id=r["instance_id"],
+                host=r["host"],
+                pid=r["pid"],
+                version=r["version"],
+                started_at=r["started_at"],
+                last_seen=r["last_seen"],
+                last_seen_age_s=max(r["last_seen_age_s"], 0.0),
+                breaker_state=r["breaker_state"],
+                in_flight=r["in_flight"],
+                stale=r["last_seen_age_s"] > stale_after_s,
+            )
+            for r in rows["instances_list"]
+        ],
+        stale_after_s=stale_after_s,
+    )
+
+
+# --- JSON: the shape scripts rely on (docs/operations.md#relayd-status) ------------------
+
+
+def report_json(report: StatusReport) -> dict[str, Any]:
+    """The report as JSON-ready data. Times are ISO 8601 with a UTC offset; an age is null
+    when there is no such row, or when it is infinite (a time parked at -infinity)."""
+    backlog = report.backlog
+    return {
+        "outbox": report.outbox,
+        "at": _iso(backlog.at),
+        "backlog": {
+            "rows": {
+                "ready": backlog.ready,
+                "paused": backlog.paused,
+                "scheduled": backlog.scheduled,
+                "leased": backlog.leased,
+                "dead": backlog.dead,
+            },
+            "estimated": sorted(backlog.estimated),
+            "counted_up_to": backlog.bound,
+            "oldest_claimable_age_s": _finite(backlog.oldest_claimable_age_s),
+            "oldest_pending_age_s": _finite(backlog.oldest_pending_age_s),
+        },
+        "dead_letters": {
+            "by_reason": [{"reason": c.name, "rows": c.rows} for c in report.dead_by_reason],
+            "counted": report.dead_counted,
+        },
+        "top": {
+            "counted": report.top_counted,
+            "queues": [{"name": c.name, "rows": c.rows} for c in report.top_queues],
+            "types": [{"name": c.name, "rows": c.rows} for c in report.top_types],
+        },
+        "paused": backlog.any_pause,
+        "pauses": [
+            {
+                "queue": p.queue,
+                "reason": p.reason,
+                "paused_by": p.paused_by,
+                "paused_at": _iso(p.paused_at),
+            }
+            for p in report.pauses
+        ],
+        "instances": [
+            {
+                "instance_id": i.instance_id,
+                "host": i.host,
+                "pid": i.pid,
+                "version": i.version,
+                "started_at": _iso(i.started_at),
+                "last_seen": _iso(i.last_seen),
+                "last_seen_age_s": round(i.last_seen_age_s, 3),
+                "stale": i.stale,
+                "breaker_state": i.breaker_state,
+                "in_flight": i.in_flight,
+            }
+            for i in report.instances
+        ],
+        "stale_after_s": report.stale_after_s,
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat()
+
+
+def _finite(value: float | None) -> float | None:
+    # A negative age (a time ahead of the database's clock, even +infinity) is 0, as in
+    # the gauges; an infinite one (a time parked at -infinity) has no JSON number.
+    if value is None or math.isnan(value):
+        return None
+    value = max(value, 0.0)
+    return round(value, 3) if math.isfinite(value) else None
+
+
+# --- the human table ------------------------------------------------------------------------
+
+_STATE_NOTES = {
+    "ready": "claimable now",
+    "paused": "due, in a paused queue",
+    "scheduled": "waiting out a backoff",
+    "leased": "claimed, in flight",
+    "dead": "dead-lettered, not discarded",
+}
+
+
+def render_text(report: StatusReport) -> str:
+    """The report for a terminal."""
+    backlog = report.backlog
+    lines = [f"{report.outbox} at {_when(backlog.at)}", "", "Backlog"]
+    counts = {
+        "ready": backlog.ready,
+        "paused": backlog.paused,
+        "scheduled": backlog.scheduled,
+        "leased": backlog.leased,
+        "dead": backlog.dead,
+    }
+    state_rows = [
+        [state, ("~" if state in backlog.estimated else "") + f"{rows:,}", _STATE_NOTES[state]]
+        for state, rows in counts.items()
+    ]
+    state_rows.append(
+        ["oldest claimable", _age(backlog.oldest_claimable_age_s), "since its available_at"]
+    )
+    state_rows.append(
+        ["oldest pending", _age(backlog.oldest_pending_age_s), "since its created_at"]
+    )
+    lines += _table(state_rows, right=(1,))
+    lines.append(
+        f"  (each state counted exactly up to {backlog.bound:,} rows"
+        + ("; ~ is PostgreSQL's estimate)" if backlog.estimated else ")")
+    )
+
+    lines += ["", "Dead letters by reason" + _over(report.dead_counted, backlog, "oldest")]
+    lines += _counts(report.dead_by_reason)
+    lines += [
+        "",
+        f"Top queues, over the first {report.top_counted:,} pending rows in claim order"
+        + (" (the bound)" if report.top_counted >= backlog.bound else ""),
+    ]
+    lines += _counts(report.top_queues)
+    lines += ["Top types, over the same rows"]
+    lines += _counts(report.top_types)
+
+    lines += ["", "Pauses" + ("" if report.pauses else ": none")]
+    if report.pauses:
+        lines += _table(
+            [
+                [p.queue, p.reason, p.paused_by, _when(p.paused_at)]
+                for p in sorted(report.pauses, key=lambda p: p.paused_at)
+            ],
+            header=["queue", "reason", "by", "since"],
+        )
+
+    stale = f"stale: no heartbeat for more than {_age(report.stale_after_s)}"
+    lines += ["", f"Relays ({stale})" if report.instances else "Relays: none running"]
+    if report.instances:
+        lines += _table(
+            [
+                [
+                    i.instance_id,
+                    i.host,
+                    str(i.pid),
+                    i.version,
+                    _when(i.started_at),
+                    f"{_age(i.last_seen_age_s)} ago",
+                    i.breaker_state,
+                    str(i.in_flight),
+                    "STALE" if i.stale else "",
+                ]
+                for i in report.instances
+            ],
+            header=[
+                "instance",
+                "host",
+                "pid",
+                "version",
+                "started",
+                "last seen",
+                "breaker",
+                "in flight",
+                "",
+            ],
+            right=(2, 7),
+        )
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def _over(counted: int, backlog: Backlog, which: str) -> str:
+    if counted >= backlog.bound:
+        return f", over the {which} {backlog.bound:,} (the bound)"
+    return ""
+
+
+def _counts(counts: Sequence[Count]) -> list[str]:
+    if not counts:
+        return ["  (none)"]
+    return _table([[c.name, f"{c.rows:,}"] for c in counts], right=(1,))
+
+
+def _table(
+    rows: Sequence[Sequence[str]],
+    *,
+    header: Sequence[str] | None = None,
+    right: Sequence[int] = (),
+) -> list[str]:
+    """Rows as aligned columns, indented by two spaces; columns in `right` align right."""
+    every = [list(header), *rows] if header is not None else [list(r) for r in rows]
+    widths = [max(len(row[col]) for row in every) for col in range(len(every[0]))]
+    return [
+        "  "
+        + "  ".join(
+            cell.rjust(width) if col in right else cell.ljust(width)
+            for col, (cell, width) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in every
+    ]
+
+
+def _when(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _age(seconds: float | None) -> str:
+    """1.5s, 2m03s, 4h05m, 3d02h; '-' for none, 'infinite' for a time parked at infinity."""
+    if seconds is None or math.isnan(seconds):
+        return "-"
+    seconds = max(seconds, 0.0)
+    if math.isinf(seconds):
+        return "infinite"
+    if seconds < 60:  # noqa: PLR2004 - a minute
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    days, rest = divmod(whole, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s"
