@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import uuid
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 
@@ -62,15 +63,26 @@ async def test_pause_stops_claims_on_two_running_relays_and_resume_restarts_them
     cli_env: dict[str, str],
 ) -> None:
     """`relayd pause` stops claims on two running relays within one poll interval;
-    `relayd resume` restarts them."""
+    `relayd resume` restarts them; `relayd_paused` shows it on both."""
     env = cli_env | {"RELAYD_DATABASE__DSN": database.dsn}
     settings = relay_settings(
-        database.dsn, emulator.url, relay={"workers": 2, "poll_interval_s": POLL_S}
+        database.dsn,
+        emulator.url,
+        relay={"workers": 2, "poll_interval_s": POLL_S},
+        metrics={"sample_interval_s": 0.2},
     )
+
+    def paused_gauges_read(value: float) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            return _sample(one, "relayd_paused") == _sample(two, "relayd_paused") == value
+
+        return check
+
     async with running(settings, seed=1) as one, running(settings, seed=2) as two:
         code, out, err = await _relayd("pause", "--reason", "sink maintenance", env=env)
         assert (code, err) == (0, "")
         assert out.startswith("paused every queue of relayd.outbox")
+        await eventually(paused_gauges_read(1.0), timeout_s=10)
         ids = await produce(conn, 20)
         # Both relays keep claiming (at least once a poll interval, and at once on the
         # insert's NOTIFY) and take nothing.
@@ -84,6 +96,7 @@ async def test_pause_stops_claims_on_two_running_relays_and_resume_restarts_them
         assert (code, err) == (0, "")
         assert out.startswith("resumed every queue of relayd.outbox")
         await eventually(lambda: drained(conn), timeout_s=10)
+        await eventually(paused_gauges_read(0.0), timeout_s=10)
     assert set(emulator.emulator.ledger()) == set(ids)
     assert _sample(one, "relayd_claimed_rows_total") + _sample(
         two, "relayd_claimed_rows_total"
