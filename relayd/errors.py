@@ -12,8 +12,8 @@
     └── WorkerCrashed          a relay worker's cycle failed unexpectedly: the daemon logs the
                                step, statement and rows, drains the others and exits 1
 
-asyncpg exceptions are translated in `store.py`, aiohttp exceptions in `sinks/ojs.py`
-(into outcome values, not exceptions), pydantic errors in `config.py`.
+asyncpg exceptions are translated in `store/connection.py`, aiohttp exceptions in
+`sinks/ojs.py` (into outcome values, not exceptions), pydantic errors in `config.py`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The relay worker loop: claim -> publish -> settle, and the breaker gate the workers share.
 
-No SQL text and no HTTP detail live here: `store.py` runs the statements, `sinks/ojs.py`
+No SQL text and no HTTP detail live here: `store/` runs the statements, `sinks/ojs.py`
 speaks OJS and classifies answers. Each step is its own awaitable method, so a failpoint or
 a test can stand between any two.
 

@@ -1,4 +1,4 @@
--- relayd's SQL, one named block per statement; relayd/store.py has one method per name.
+-- relayd's SQL, one named block per statement; relayd/store/ has one method per name.
 -- @outbox@ and @schema@ are replaced once at start-up by the validated, quoted identifiers.
 -- asyncpg binds by position: each block lists its parameters.
 
@@ -464,8 +464,8 @@ ORDER BY s.dead_at, s.event_id;
 -- POST (C2), so it is created at most once even on a sink that overwrites a reused id.
 -- The table's checks exempt dead rows; a row they would refuse as a pending one is refused
 -- here, with the check's name, instead of failing the statement (and its whole batch). The
--- cases follow the checks of migrations 0001-0003; store.py falls back to one row at a time
--- if a check this list does not know of refuses one.
+-- cases follow the checks of migrations 0001-0003; store/operator.py falls back to one row at
+-- a time if a check this list does not know of refuses one.
 -- params: $1 event ids uuid[]
 WITH target AS (
     SELECT o.event_id,

@@ -1,0 +1,176 @@
+"""The pool and the named queries it runs; asyncpg's failures translated into relayd's."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any, Self
+
+import asyncpg
+
+from relayd.errors import ConfigError, DatabaseUnavailable, StatementError
+from relayd.models import OutboxTable
+
+# Failures that say "this connection is gone, or the server cannot serve it right now", not
+# "this statement is wrong". A PostgreSQL restart or failover, pg_terminate_backend, a network
+# cut and a statement timeout all surface as one of these, at any statement, in any state of
+# asyncpg's protocol machine (hence InternalClientError and InterfaceError).
+_CONNECTION_GONE: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,  # class 08, and "connection was closed in the middle"
+    asyncpg.InterfaceError,  # "connection is closed", "another operation is in progress"
+    asyncpg.InternalClientError,  # protocol state errors after the server went away
+    asyncpg.exceptions.InvalidCachedStatementError,  # a schema change: re-prepared next time
+)
+_SQLSTATE_CLASSES_GONE = frozenset(
+    {
+        "08",  # connection exception
+        "40",  # transaction rollback: serialization failure, deadlock
+        "53",  # insufficient resources: too many connections, disk full
+        "57",  # operator intervention: shutdown, terminated, statement timeout
+        "58",  # system error: I/O
+    }
+)
+_SQLSTATES_GONE = frozenset(
+    {
+        "55P03",  # lock_not_available (lock_timeout)
+        "25006",  # read_only_sql_transaction: a failover left us on a standby
+    }
+)
+
+
+def connection_gone(exc: BaseException) -> bool:
+    """Whether `exc` means "retry on another connection" rather than "this statement fails"."""
+    if isinstance(exc, asyncpg.ClientConfigurationError):
+        return False  # a bad DSN or option: an operator must fix it
+    if isinstance(exc, _CONNECTION_GONE):
+        return True
+    if isinstance(exc, asyncpg.PostgresError):
+        sqlstate = exc.sqlstate or ""
+        return sqlstate[:2] in _SQLSTATE_CLASSES_GONE or sqlstate in _SQLSTATES_GONE
+    return False
+
+
+# Failures an operator must fix (bad password, missing database): retrying will not help.
+FATAL_CONNECT: tuple[type[BaseException], ...] = (
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidCatalogNameError,
+)
+
+_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.M)
+# Section banners between blocks (`-- ====`) organise the file; they are not sent to the server.
+_BANNER_LINE = re.compile(r"^-- =+\n(?:-- .*\n)*?-- =+\s*$", re.M)
+
+
+def load_queries(table: OutboxTable) -> dict[str, str]:
+    """Read the named blocks and bind the table identifiers into them, once."""
+    text = resources.files("relayd").joinpath("sql/queries.sql").read_text(encoding="utf-8")
+    pieces = _NAME_LINE.split(_BANNER_LINE.sub("", text))
+    queries: dict[str, str] = {}
+    for name, body in zip(pieces[1::2], pieces[2::2], strict=True):
+        queries[name] = render(body.strip(), table)
+    return queries
+
+
+def render(sql: str, table: OutboxTable) -> str:
+    """Substitute the validated, quoted identifiers for the @placeholders@."""
+    return (
+        sql.replace("@outbox@", table.qualified)
+        .replace("@schema@", table.quoted_schema)
+        .replace("@name@", table.name)
+    )
+
+
+@contextlib.contextmanager
+def _translated(statement: str = "connect") -> Iterator[None]:
+    """asyncpg's exceptions become relayd's: `DatabaseUnavailable` when the connection is
+    gone (callers retry), `StatementError` naming `statement` when PostgreSQL refused it."""
+    try:
+        yield
+    except Exception as exc:
+        if connection_gone(exc):
+            raise DatabaseUnavailable(describe_db_error(exc)) from exc
+        if isinstance(exc, asyncpg.PostgresError):
+            raise StatementError(statement, describe_db_error(exc)) from exc
+        raise
+
+
+def describe_db_error(exc: BaseException) -> str:
+    """A short, secret-free description of a database failure."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return f"{type(exc).__name__}: {exc.sqlstate}: {str(exc)[:200]}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}"
+    return type(exc).__name__
+
+
+class StoreBase:
+    """An asyncpg pool for one outbox table, and its named queries: what every group of
+    queries runs on."""
+
+    def __init__(self, pool: asyncpg.Pool, table: OutboxTable, dsn: str) -> None:
+        self._pool = pool
+        self._dsn = dsn
+        self.table = table
+        self._q = load_queries(table)
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        table: OutboxTable,
+        *,
+        max_size: int = 10,
+        connect_timeout_s: float = 10.0,
+        statement_timeout_s: float = 30.0,
+    ) -> Self:
+        """Open a pool; `DatabaseUnavailable` if PostgreSQL cannot be reached, `ConfigError`
+        if it refuses us for good (bad credentials, no such database, a malformed DSN, an
+        unknown server option)."""
+        with _translated():
+            try:
+                pool = await asyncpg.create_pool(
+                    dsn,
+                    min_size=1,
+                    max_size=max_size,
+                    timeout=connect_timeout_s,
+                    server_settings=_server_settings(statement_timeout_s),
+                )
+            except (ValueError, asyncpg.ClientConfigurationError) as exc:
+                # The message may quote the DSN, which may hold a password: name the type only.
+                raise ConfigError("database.dsn", f"invalid DSN ({type(exc).__name__})") from None
+            except asyncpg.PostgresError as exc:
+                # Unreachable, shutting down, too many connections: _translated() makes it
+                # DatabaseUnavailable. Anything else the server says while we connect
+                # (FATAL_CONNECT, an unknown option in the DSN: 42704) it will say again.
+                if connection_gone(exc) and not isinstance(exc, FATAL_CONNECT):
+                    raise
+                # The server's message names a user, a database or a setting, never the
+                # password; the DSN itself is not quoted.
+                raise ConfigError(
+                    "database.dsn",
+                    f"the server refused the connection: {exc.message} ({exc.sqlstate})",
+                ) from None
+        return cls(pool, table, dsn)
+
+    async def close(self) -> None:
+        with contextlib.suppress(*_CONNECTION_GONE):
+            await asyncio.wait_for(self._pool.close(), timeout=5)
+
+    async def _fetch(self, name: str, *args: Any) -> list[asyncpg.Record]:
+        with _translated(name):
+            return await self._pool.fetch(self._q[name], *args)
+
+
+def _server_settings(statement_timeout_s: float) -> dict[str, str]:
+    # Whole milliseconds, never 0: truncating a sub-millisecond timeout would send 0, which
+    # PostgreSQL reads as "no limit" (config refuses one too; this is defence in depth).
+    # Nearest rather than ceil, so float noise (4.03 s -> 4030.0000000000005 ms) adds nothing.
+    return {
+        "application_name": "relayd",
+        "statement_timeout": str(max(1, round(statement_timeout_s * 1000))),
+    }
