@@ -16,15 +16,15 @@ import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
 from relayd.config import load_settings
-from relayd.deadletters import (
+from relayd.errors import EXIT_OK
+from relayd.models import MAX_QUEUE_CHARS, QUEUE_PATTERN
+from relayd.operator import (
     BadInput,
     check_text,
     operator_command,
     operator_store,
     resolve_actor,
 )
-from relayd.errors import EXIT_OK
-from relayd.models import MAX_QUEUE_CHARS, QUEUE_PATTERN
 from relayd.operator_models import EVERY_QUEUE, Pause
 
 if TYPE_CHECKING:

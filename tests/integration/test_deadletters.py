@@ -14,7 +14,8 @@ import aiohttp
 import asyncpg
 import pytest
 
-from relayd.deadletters import ActionPlan, FilterArgs, Selection, act, parse_when, walk_end
+from relayd.deadletters_actions import ActionPlan, Selection, act, walk_end
+from relayd.deadletters_filters import FilterArgs, parse_when
 from relayd.operator_models import (
     AuditEntry,
     DeadLetterFilter,

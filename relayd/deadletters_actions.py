@@ -1,0 +1,151 @@
+"""A dead-letter action in bounded batches: what it selects, the plan, the walk, the summary."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from relayd.operator_models import (
+    AUDIT_MAX_IDS,
+    AuditEntry,
+    DeadLetterBatch,
+    DeadLetterFilter,
+    DeadLetterPage,
+    DlqAction,
+    RowOutcome,
+    RowResult,
+)
+
+if TYPE_CHECKING:
+    from relayd.store import Store
+
+# Rows per batch: one statement and one short transaction each.
+DEFAULT_BATCH_SIZE = 500
+MAX_BATCH_SIZE = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The rows an action is for: the named `ids`, or every dead letter (not discarded)
+    matching `filters` and dead-lettered before `until`."""
+
+    ids: list[str] | None
+    filters: DeadLetterFilter
+    until: datetime
+
+    def audit_filters(self) -> dict[str, Any]:
+        if self.ids is not None:
+            return {"named_ids": len(self.ids)}
+        return {"all": True} | self.filters.as_json() | {"until": self.until.isoformat()}
+
+
+@dataclass
+class ActionSummary:
+    """What an action did (or, dry, would do), batch after batch."""
+
+    action: DlqAction
+    dry_run: bool
+    selection: dict[str, Any]
+    counts: Counter[RowOutcome] = field(default_factory=Counter)
+    changed_ids: list[str] = field(default_factory=list)  # the first AUDIT_MAX_IDS only
+    skipped: list[RowResult] = field(default_factory=list)
+    batches: int = 0
+    audit_id: int | None = None
+
+    @property
+    def changed(self) -> int:
+        return self.counts[RowOutcome.REDRIVEN] + self.counts[RowOutcome.DISCARDED]
+
+    @property
+    def matched(self) -> int:
+        """Rows selected by the filters, or named."""
+        return sum(self.counts.values())
+
+    def add(self, results: Sequence[RowResult], audit_id: int | None, *, examined: int) -> None:
+        if examined:  # the read that only finds the end of the index is no batch
+            self.batches += 1
+        self.audit_id = audit_id
+        for result in results:
+            self.counts[result.outcome] += 1
+            if result.outcome.changed:
+                if len(self.changed_ids) < AUDIT_MAX_IDS:
+                    self.changed_ids.append(result.event_id)
+            else:
+                self.skipped.append(result)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "action": self.action.value,
+            "dry_run": self.dry_run,
+            "selection": self.selection,
+            "matched": self.matched,
+            "counts": {outcome.value: n for outcome, n in sorted(self.counts.items())},
+            "changed_ids": self.changed_ids if self.changed <= AUDIT_MAX_IDS else None,
+            "skipped": [
+                {"event_id": r.event_id, "outcome": r.outcome.value, "reason": r.detail}
+                for r in self.skipped
+            ],
+            "batches": self.batches,
+            "audit_id": self.audit_id,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ActionPlan:
+    """A dead-letter action to carry out: what, on which rows, audited as whom."""
+
+    action: DlqAction
+    selection: Selection
+    audit: AuditEntry
+    batch_size: int = DEFAULT_BATCH_SIZE
+    dry_run: bool = False
+
+
+async def act(
+    store: Store, plan: ActionPlan, on_batch: Callable[[ActionSummary], None] | None = None
+) -> ActionSummary:
+    """Redrive or discard the selected dead letters, `plan.batch_size` rows per transaction.
+
+    Each batch commits on its own (a dry run rolls each back) with its share of the audit
+    row, so an interrupted action leaves every batch it finished done and audited. A row
+    that cannot be acted on is skipped and reported, never failing its batch.
+    """
+    selection, size = plan.selection, plan.batch_size
+    summary = ActionSummary(plan.action, plan.dry_run, selection.audit_filters())
+    audit = dataclasses.replace(plan.audit, filters=summary.selection)
+
+    async def one_batch(target: DeadLetterPage | list[str]) -> DeadLetterBatch:
+        batch = await store.act_on_dead_letters(
+            plan.action, target, audit=audit, audit_id=summary.audit_id, dry_run=plan.dry_run
+        )
+        summary.add(batch.results, batch.audit_id, examined=batch.examined)
+        if on_batch is not None:
+            on_batch(summary)
+        return batch
+
+    if selection.ids is not None:
+        for start in range(0, len(selection.ids), size):
+            await one_batch(selection.ids[start : start + size])
+        return summary
+    page = DeadLetterPage(selection.filters, until=selection.until, limit=size)
+    while True:
+        batch = await one_batch(page)
+        after = batch.next_after
+        if batch.examined < size or after is None or _beyond(after[0], selection.until):
+            return summary  # the index is read up to the walk's end
+        page = dataclasses.replace(page, after=after)
+
+
+def _beyond(dead_at: datetime, until: datetime) -> bool:
+    if dead_at.tzinfo is None:  # asyncpg reads PostgreSQL's infinities as naive extremes
+        return dead_at == datetime.max
+    return dead_at >= until
+
+
+def walk_end(filters: DeadLetterFilter, now: datetime) -> datetime:
+    """Where a bulk walk stops: `--until`, and never past the command's start."""
+    return now if filters.until is None else min(filters.until, now)

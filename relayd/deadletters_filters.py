@@ -1,0 +1,132 @@
+"""Which dead letters: the `--since`/`--until` time parser, the filter options, event ids."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+from relayd.models import DeadReason
+from relayd.operator import BadInput, check_text, quote
+from relayd.operator_models import DeadLetterFilter
+
+if TYPE_CHECKING:
+    import argparse
+
+_MAX_FILTER_CHARS = 1000
+
+# --- times: one parser for --since and --until --------------------------------------------
+
+_DURATION = re.compile(r"(\d+)([smhdw])")
+_DURATIONS = re.compile(r"(?:\d+[smhdw])+")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+_WHEN_HINT = (
+    "expected an ISO 8601 time (2025-01-31, 2025-01-31T12:00:00Z, 2025-01-31T13:00+01:00) "
+    "or a duration before now (30m, 2h, 7d, 1h30m)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class When:
+    """A `--since`/`--until` value: an absolute time, or a duration before the database's
+    now (resolved once the command has asked the database for its clock)."""
+
+    at: datetime | None = None
+    ago: timedelta = timedelta(0)
+
+    def resolve(self, now: datetime, option: str) -> datetime:
+        if self.at is not None:
+            return self.at
+        try:
+            return now - self.ago
+        except OverflowError:
+            raise BadInput(f"{option}: {self.ago.days} days ago is before year 1") from None
+
+
+def parse_when(text: str, option: str) -> When:
+    """`30m`, `2h`, `7d`, `1h30m` (before now), or an ISO 8601 time; a time without an
+    offset is UTC. `BadInput` naming the option otherwise."""
+    value = text.strip()
+    if _DURATIONS.fullmatch(value):
+        try:
+            seconds = sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION.findall(value))
+            return When(ago=timedelta(seconds=seconds))
+        except (OverflowError, ValueError):  # past timedelta's range, or int()'s digit limit
+            raise BadInput(f"{option}: {quote(text)} is too long ago") from None
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise BadInput(f"{option}: {_WHEN_HINT}; got {quote(text)}") from None
+    return When(at=at if at.tzinfo is not None else at.replace(tzinfo=UTC))
+
+
+# --- which dead letters -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FilterArgs:
+    """The filter options as given, checked but not yet resolved against the clock."""
+
+    queue: str | None = None
+    type: str | None = None
+    dead_reason: str | None = None
+    since: When | None = None
+    until: When | None = None
+    error_contains: str | None = None
+
+    @property
+    def any(self) -> bool:
+        return any(getattr(self, f.name) is not None for f in dataclasses.fields(self))
+
+    def resolve(self, now: datetime) -> DeadLetterFilter:
+        since = None if self.since is None else self.since.resolve(now, "--since")
+        until = None if self.until is None else self.until.resolve(now, "--until")
+        if since is not None and until is not None and since >= until:
+            raise BadInput(
+                f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})"
+            )
+        return DeadLetterFilter(
+            queue=self.queue,
+            type=self.type,
+            dead_reason=self.dead_reason,
+            since=since,
+            until=until,
+            error_contains=self.error_contains,
+        )
+
+
+def filter_args(args: argparse.Namespace, reason_option: str = "--reason") -> FilterArgs:
+    """The filter options of `dlq list`, `dlq retry` and `dlq discard`, checked."""
+    reason = args.dead_reason
+    known = [r.value for r in DeadReason]
+    if reason is not None and reason not in known:
+        raise BadInput(
+            f"{reason_option}: {quote(reason)} is not a dead reason ({', '.join(known)})"
+        )
+    return FilterArgs(
+        queue=_optional_text(args.queue, "--queue"),
+        type=_optional_text(args.type, "--type"),
+        dead_reason=reason,
+        since=None if args.since is None else parse_when(args.since, "--since"),
+        until=None if args.until is None else parse_when(args.until, "--until"),
+        error_contains=_optional_text(args.error_contains, "--error-contains"),
+    )
+
+
+def _optional_text(value: str | None, option: str) -> str | None:
+    return None if value is None else check_text(value, option, _MAX_FILTER_CHARS)
+
+
+def parse_ids(values: Sequence[str]) -> list[str]:
+    """Event ids as PostgreSQL prints them (lowercase), duplicates dropped, order kept."""
+    ids: dict[str, None] = {}
+    for value in values:
+        try:
+            ids[str(uuid.UUID(value.strip()))] = None
+        except ValueError:
+            raise BadInput(f"ID: not a UUID: {quote(value)}") from None
+    return list(ids)

@@ -1,0 +1,195 @@
+"""What `relayd dlq` prints: the list table, one dead letter, an action's summary and its
+progress line, and the JSON rows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from relayd import jsonvalue
+from relayd.deadletters_actions import ActionSummary
+from relayd.operator import CONTROL_CHARS
+from relayd.operator_models import DeadLetterRow, DlqAction
+
+# Ids printed by name in a human summary; past that, counts only.
+_IDS_SHOWN = 20
+_ERROR_CHARS = 60  # last_error in the `dlq list` table
+_CELL_CHARS = 32  # queue and type in the `dlq list` table
+
+
+def render_list(
+    rows: Sequence[DeadLetterRow], out: TextIO, *, limit: int, include_discarded: bool
+) -> None:
+    if not rows:
+        out.write("no dead letters match\n")
+        return
+    header = ["EVENT_ID", "DEAD_AT", "REASON", "QUEUE", "TYPE", "ATTEMPTS"]
+    if include_discarded:
+        header.append("DISCARDED_AT")
+    header.append("LAST_ERROR")
+    table = [header]
+    for row in rows:
+        cells = [
+            row.event_id,
+            _short_time(row.dead_at),
+            _cell(row.dead_reason, _CELL_CHARS),
+            _cell(row.queue, _CELL_CHARS),
+            _cell(row.type, _CELL_CHARS),
+            str(row.attempts),
+        ]
+        if include_discarded:
+            cells.append(_short_time(row.discarded_at))
+        cells.append(_cell(row.last_error, _ERROR_CHARS))
+        table.append(cells)
+    widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
+    for line in table:
+        padded = [cell.ljust(width) for cell, width in zip(line, widths, strict=False)]
+        out.write("  ".join([*padded, line[-1]]).rstrip() + "\n")
+    more = "; there may be more: raise --limit or narrow the filters" if len(rows) == limit else ""
+    noun = "dead letter" if len(rows) == 1 else "dead letters"
+    out.write(f"{len(rows)} {noun}, newest first{more}\n")
+
+
+def render_show(row: DeadLetterRow, out: TextIO) -> None:
+    fields: list[tuple[str, str]] = [
+        ("event_id", row.event_id),
+        ("state", "dead letter, discarded" if row.discarded_at else "dead letter"),
+        ("dead_reason", row.dead_reason or "-"),
+        ("last_error", _clean(row.last_error) or "-"),
+        ("attempts", str(row.attempts)),
+        ("queue", _clean(row.queue) or "-"),
+        ("type", _clean(row.type) or "-"),
+        ("created_at", iso(row.created_at)),
+        ("last_attempt_at", iso(row.last_attempt_at)),
+        ("dead_at", iso(row.dead_at)),
+        ("discarded_at", iso(row.discarded_at)),
+    ]
+    if row.discarded_at is not None:
+        fields.append(("discard_reason", _clean(row.discard_reason) or "-"))
+    width = max(len(name) for name, _ in fields)
+    for name, value in fields:
+        out.write(f"{name.ljust(width)}  {value}\n")
+    out.write("envelope:\n")
+    out.write(pretty_job(row.job or "") + "\n")
+
+
+def pretty_job(text: str) -> str:
+    """The envelope indented; as stored if it cannot be read back (nesting beyond bounds,
+    an integer too long for Python's JSON writer)."""
+    try:
+        return json.dumps(jsonvalue.loads(text), indent=2, ensure_ascii=False)
+    except (ValueError, TypeError, RecursionError):
+        return text
+
+
+def render_summary(summary: ActionSummary, out: TextIO, *, actor: str) -> None:
+    if summary.matched == 0:
+        out.write("no dead letters match: nothing to do\n")
+        return
+    verbs = _VERBS[summary.action]
+    done, skip = (verbs[1], "would skip") if summary.dry_run else (verbs[0], "skipped")
+    noun = "dead letter" if summary.changed == 1 else "dead letters"
+    batches = "1 batch" if summary.batches == 1 else f"{summary.batches} batches"
+    head = f"{done} {summary.changed} {noun} in {batches}"
+    if summary.skipped:
+        head += f", {skip} {len(summary.skipped)}"
+    if summary.dry_run:
+        head = f"dry run, nothing changed: {head}"
+    elif summary.audit_id is not None:
+        head += f"; audit #{summary.audit_id} by {actor}"
+    out.write(head + "\n")
+    if 0 < summary.changed <= _IDS_SHOWN:
+        label = verbs[1] if summary.dry_run else verbs[2]
+        out.write(f"  {label}: {', '.join(summary.changed_ids)}\n")
+    for result in summary.skipped[:_IDS_SHOWN]:
+        out.write(f"  {skip} {result.event_id}: {result.detail}\n")
+    if len(summary.skipped) > _IDS_SHOWN:
+        more = len(summary.skipped) - _IDS_SHOWN
+        out.write(f"  ... and {more} more (--json lists them all)\n")
+
+
+# Per action: the past tense, the dry run's conditional, and the label of the ids line.
+_VERBS = {
+    DlqAction.REDRIVE: ("redrove", "would redrive", "redriven"),
+    DlqAction.DISCARD: ("discarded", "would discard", "discarded"),
+}
+
+
+class Progress:
+    """One self-overwriting line on a terminal while a long action runs."""
+
+    def __init__(self, name: str, out: TextIO) -> None:
+        self._name = name
+        self._out = out
+        self._shown = False
+
+    def __call__(self, summary: ActionSummary) -> None:
+        self._shown = True
+        verbs = _VERBS[summary.action]
+        done, skip = (verbs[1], "would skip") if summary.dry_run else (verbs[2], "skipped")
+        self._out.write(
+            f"\r{self._name}: batch {summary.batches}, {summary.matched:,} matched: "
+            f"{done} {summary.changed:,}, {skip} {len(summary.skipped):,}"
+        )
+        self._out.flush()
+
+    def done(self) -> None:
+        if self._shown:
+            self._out.write("\n")
+
+
+def row_json(row: DeadLetterRow, *, with_job: bool = False) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "event_id": row.event_id,
+        "state": row.state,
+        "dead_at": _iso_or_none(row.dead_at),
+        "dead_reason": row.dead_reason,
+        "queue": row.queue,
+        "type": row.type,
+        "attempts": row.attempts,
+        "last_error": row.last_error,
+        "created_at": _iso_or_none(row.created_at),
+        "last_attempt_at": _iso_or_none(row.last_attempt_at),
+        "discarded_at": _iso_or_none(row.discarded_at),
+        "discard_reason": row.discard_reason,
+    }
+    if with_job:
+        try:
+            data["job"] = jsonvalue.loads(row.job or "")
+            json.dumps(data["job"])  # an integer beyond Python's JSON writer: send the text
+        except (ValueError, TypeError):
+            data["job"] = None
+            data["job_text"] = row.job
+    return data
+
+
+def _iso_or_none(value: datetime | None) -> str | None:
+    return None if value is None else iso(value)
+
+
+def iso(value: datetime | None) -> str:
+    """A time as ISO 8601 in UTC; asyncpg reads PostgreSQL's infinities as naive extremes."""
+    if value is None:
+        return "-"
+    if value.tzinfo is None:
+        return "infinity" if value == datetime.max else "-infinity"
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _short_time(value: datetime | None) -> str:
+    """A time for a table column: to the second, UTC."""
+    if value is None or value.tzinfo is None:
+        return iso(value)
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _clean(value: str | None) -> str | None:
+    """Stored text, safe on a terminal: control characters become spaces."""
+    return None if value is None else CONTROL_CHARS.sub(" ", value)
+
+
+def _cell(value: str | None, most: int) -> str:
+    text = _clean(value) or "-"
+    return text if len(text) <= most else text[: most - 3] + "..."

@@ -1,0 +1,117 @@
+"""What every operator command (`relayd dlq`, `pause`, `resume`) shares: the store, the
+actor, checked input, one-line errors."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import getpass
+import os
+import re
+import sys
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+from relayd.config import Settings
+from relayd.errors import EXIT_FAILURE, EXIT_USAGE, StatementError
+
+if TYPE_CHECKING:
+    import argparse
+
+    from relayd.store import Store
+
+Handler = Callable[["argparse.Namespace"], int]
+
+_MAX_ACTOR_CHARS = 200
+_QUOTED_CHARS = 60  # an operator's input quoted in an error line
+
+
+class BadInput(ValueError):
+    """An option or argument the command cannot use: one line on stderr, exit 2."""
+
+
+def operator_command(name: str) -> Callable[[Handler], Handler]:
+    """Turn a command's expected failures into one stderr line and its exit code: bad input
+    2, a statement PostgreSQL refused (a missing grant, say) 1. Configuration,
+    schema and connection failures are `relayd.cli.main`'s (2, 1 and 1)."""
+
+    def decorate(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        def run(args: argparse.Namespace) -> int:
+            try:
+                return handler(args)
+            except BadInput as exc:
+                fail(f"{name}: {exc}")
+                return EXIT_USAGE
+            except StatementError as exc:
+                fail(f"{name}: the database refused the statement {exc}")
+                return EXIT_FAILURE
+
+        return run
+
+    return decorate
+
+
+def fail(message: str) -> None:
+    sys.stderr.write(f"relayd: {message}\n")
+
+
+@contextlib.asynccontextmanager
+async def operator_store(settings: Settings) -> AsyncIterator[Store]:
+    """A small pool on the outbox for one command; `SchemaError` unless migration 0003 ran."""
+    from relayd.store import Store  # noqa: PLC0415 - asyncpg only for commands that use it
+
+    store = await Store.connect(
+        settings.dsn,
+        settings.outbox.outbox_table,
+        max_size=2,
+        connect_timeout_s=settings.database.connect_timeout_s,
+        statement_timeout_s=settings.database.statement_timeout_s,
+    )
+    try:
+        await store.check_operator_schema()
+        yield store
+    finally:
+        await store.close()
+
+
+def resolve_actor(given: str | None) -> str:
+    """Who acts, for the audit trail: `--actor NAME`, else the OS user."""
+    if given is not None:
+        return check_text(given, "--actor", _MAX_ACTOR_CHARS)
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry (a bare container)
+        return f"uid {os.getuid()}"
+
+
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def check_text(value: str, option: str, most: int) -> str:
+    """A free-text option: not blank, at most `most` characters, on one line."""
+    text = value.strip()
+    if not text:
+        raise BadInput(f"{option}: must not be empty")
+    if len(text) > most:
+        raise BadInput(f"{option}: at most {most} characters, got {len(text)}")
+    if CONTROL_CHARS.search(text):
+        raise BadInput(f"{option}: must be one line without control characters")
+    return text
+
+
+def parse_count(value: str | None, option: str, default: int, most: int) -> int:
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise BadInput(f"{option}: expected a whole number, got {quote(value)}") from None
+    if not 1 <= number <= most:
+        raise BadInput(f"{option}: must be from 1 to {most}, got {number}")
+    return number
+
+
+def quote(value: str) -> str:
+    """An operator's input, quoted in an error line: bounded, controls escaped by repr."""
+    return repr(value if len(value) <= _QUOTED_CHARS else value[: _QUOTED_CHARS - 3] + "...")
