@@ -1,6 +1,7 @@
 """What the tests share: the test database's types, the in-process relay helpers, a
-pure-test claimed row, and a TCP proxy that cuts PostgreSQL away. Helpers and types only:
-the fixtures stay in the conftest.py files (pytest finds them there) and import from here.
+pure-test claimed row, `relayd` run as a child process, and a TCP proxy that cuts PostgreSQL
+away. Helpers and types only: the fixtures stay in the conftest.py files (pytest finds them
+there) and import from here.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import contextlib
 import json
 import random
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,6 +216,43 @@ def claimed(job_bytes: int = 0, **job: Any) -> ClaimedRow:
         attempts=1,
         previous_attempt_at=None,
         age_s=0.0,
+    )
+
+
+# --- relayd as a child process: `python -m relayd ARGS` --------------------------------
+
+
+async def run_relayd(
+    *args: str, env: dict[str, str], timeout_s: float = 60.0
+) -> tuple[int, str, str]:
+    """Run `relayd ARGS` as a process without blocking this event loop (a relay or an
+    emulator may run in it); (exit code, stdout, stderr)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "relayd",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=timeout_s)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+def run_relayd_blocking(
+    *args: str, env: dict[str, str], cwd: Path | None = None, timeout_s: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """Run `relayd ARGS` as a process and wait for it, blocking (nothing else runs meanwhile)."""
+    return subprocess.run(
+        [sys.executable, "-m", "relayd", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
     )
 
 

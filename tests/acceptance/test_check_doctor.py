@@ -3,10 +3,8 @@ names what holds the outbox back inside PostgreSQL."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,25 +14,9 @@ import pytest
 
 from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from relayd.testing.processes import free_port
-from tests.support import Database
+from tests.support import Database, run_relayd
 
 TOKEN = "check-token-value"  # noqa: S105 - a test value, not a credential
-
-
-async def _relayd(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "relayd",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    async with asyncio.timeout(60):
-        out, err = await process.communicate()
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
 
 
 def _verdicts(stdout: str) -> dict[str, tuple[str, str]]:
@@ -55,7 +37,7 @@ async def test_check_passes_on_a_ready_outbox(
 ) -> None:
     """Every check passes against a migrated outbox and a reachable sink: exit 0, one line
     each, in order; --json gives the same verdicts."""
-    code, out, err = await _relayd("check", env=_env(cli_env, database.dsn, emulator.url))
+    code, out, err = await run_relayd("check", env=_env(cli_env, database.dsn, emulator.url))
     assert code == 0, out + err
     verdicts = _verdicts(out)
     assert list(verdicts) == [
@@ -69,7 +51,9 @@ async def test_check_passes_on_a_ready_outbox(
     ]
     assert {verdict for verdict, _ in verdicts.values()} <= {"ok", "warn"}
     assert "relayd.outbox is migrated (version 0003)" in verdicts["schema"][1]
-    code, out, _ = await _relayd("check", "--json", env=_env(cli_env, database.dsn, emulator.url))
+    code, out, _ = await run_relayd(
+        "check", "--json", env=_env(cli_env, database.dsn, emulator.url)
+    )
     assert code == 0
     assert [line["name"] for line in json.loads(out)] == list(verdicts)
 
@@ -79,7 +63,7 @@ async def test_check_names_a_database_that_refuses_us(
 ) -> None:
     """A wrong DSN (no such database): the database line fails naming it; exit 1."""
     dsn = database.dsn.replace(database.name, "no_such_database")
-    code, out, _ = await _relayd("check", env=_env(cli_env, dsn, emulator.url))
+    code, out, _ = await run_relayd("check", env=_env(cli_env, dsn, emulator.url))
     assert code == 1
     verdict, detail = _verdicts(out)["database"]
     assert verdict == "fail"
@@ -92,7 +76,7 @@ async def test_check_names_a_missing_schema(
     cli_env: dict[str, str], empty_database: Database, emulator: RunningEmulator
 ) -> None:
     """No outbox table: the schema line says to run `relayd migrate`; exit 1."""
-    code, out, _ = await _relayd("check", env=_env(cli_env, empty_database.dsn, emulator.url))
+    code, out, _ = await run_relayd("check", env=_env(cli_env, empty_database.dsn, emulator.url))
     assert code == 1
     assert _verdicts(out)["schema"] == (
         "fail",
@@ -108,13 +92,13 @@ async def test_check_and_run_name_a_migration_still_to_apply(
     `relayd run` refuses to start (exit 1) instead of failing at its first claim."""
     await conn.execute("DELETE FROM relayd.relayd_migrations WHERE version = 3")
     env = _env(cli_env, database.dsn, emulator.url, RELAYD_HTTP__ENABLED="false")
-    code, out, _ = await _relayd("check", env=env)
+    code, out, _ = await run_relayd("check", env=env)
     assert code == 1
     assert _verdicts(out)["schema"] == (
         "fail",
         "outbox table relayd.outbox lacks migration 0003: run `relayd migrate`",
     )
-    code, _, err = await _relayd("run", env=env)
+    code, _, err = await run_relayd("run", env=env)
     assert code == 1
     assert err.splitlines()[-1] == (
         "relayd: outbox table relayd.outbox lacks migration 0003: run `relayd migrate`"
@@ -145,7 +129,7 @@ async def test_check_names_a_missing_privilege(
 ) -> None:
     """A role without UPDATE on the outbox: the privileges line names each one missing."""
     dsn = re.sub(r"://[^:@/]+", f"://{limited_role}", database.dsn, count=1)
-    code, out, _ = await _relayd("check", env=_env(cli_env, dsn, emulator.url))
+    code, out, _ = await run_relayd("check", env=_env(cli_env, dsn, emulator.url))
     assert code == 1
     verdict, detail = _verdicts(out)["privileges"]
     assert verdict == "fail"
@@ -156,7 +140,7 @@ async def test_check_names_a_missing_privilege(
 async def test_check_names_an_unreachable_sink(cli_env: dict[str, str], database: Database) -> None:
     """Nothing listens at sink.url: the sink line fails, saying it cannot connect."""
     url = f"http://127.0.0.1:{free_port()}"
-    code, out, _ = await _relayd("check", env=_env(cli_env, database.dsn, url))
+    code, out, _ = await run_relayd("check", env=_env(cli_env, database.dsn, url))
     assert code == 1
     verdict, detail = _verdicts(out)["sink"]
     assert verdict == "fail"
@@ -171,7 +155,7 @@ async def test_check_names_a_wrong_sink_token(
     token_file.write_text("wrong-" + TOKEN)
     async with await start_emulator(EmulatorConfig(auth_token=TOKEN)) as sink:
         env = _env(cli_env, database.dsn, sink.url, RELAYD_SINK__TOKEN_FILE=str(token_file))
-        code, out, err = await _relayd("check", env=env)
+        code, out, err = await run_relayd("check", env=env)
     assert code == 1
     assert _verdicts(out)["sink"] == (
         "fail",
@@ -193,8 +177,8 @@ async def test_doctor_names_a_session_holding_back_the_horizon(
         await transaction.start()
         await holder.fetchval("SELECT count(*) FROM relayd.outbox")  # takes the snapshot
         env = _env(cli_env, database.dsn, emulator.url)
-        code, out, err = await _relayd("doctor", env=env)
-        json_code, as_json, _ = await _relayd("doctor", "--json", env=env)
+        code, out, err = await run_relayd("doctor", env=env)
+        json_code, as_json, _ = await run_relayd("doctor", "--json", env=env)
         await transaction.rollback()
     finally:
         await holder.close()

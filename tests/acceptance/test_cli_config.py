@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
 import asyncpg
 
-from tests.support import Database
+from tests.support import Database, run_relayd_blocking
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _relayd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "relayd", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 async def test_config_before_the_subcommand_is_used(
@@ -33,10 +20,10 @@ async def test_config_before_the_subcommand_is_used(
     does; neither falls back to $RELAYD_CONFIG."""
     config = tmp_path / "outbox.toml"
     config.write_text(f'[database]\ndsn = "{empty_database.dsn}"\n')
-    before = _relayd("--config", str(config), "migrate", "--json", env=cli_env)
+    before = run_relayd_blocking("--config", str(config), "migrate", "--json", env=cli_env)
     assert before.returncode == 0, before.stderr
     assert json.loads(before.stdout)["applied"]
-    after = _relayd("migrate", "--config", str(config), "--json", env=cli_env)
+    after = run_relayd_blocking("migrate", "--config", str(config), "--json", env=cli_env)
     assert after.returncode == 0, after.stderr
     assert json.loads(after.stdout)["applied"] == []
     conn = await asyncpg.connect(empty_database.dsn)
@@ -55,7 +42,7 @@ def test_a_named_missing_file_is_an_error_wherever_it_is_named(
         ("--config", str(missing), "config", "show"),
         ("config", "show", "--config", str(missing)),
     ):
-        result = _relayd(*argv, env=cli_env)
+        result = run_relayd_blocking(*argv, env=cli_env)
         assert result.returncode == 2, argv
         assert result.stderr == f"relayd: config error: config: file not found: {missing}\n"
 
@@ -65,15 +52,15 @@ def test_config_show_says_which_file_it_read(cli_env: dict[str, str], tmp_path: 
     stdout stays pure JSON and the file is named on stderr."""
     config = tmp_path / "relayd.toml"
     config.write_text("[relay]\nworkers = 3\n")
-    shown = _relayd("--config", str(config), "config", "show", env=cli_env)
+    shown = run_relayd_blocking("--config", str(config), "config", "show", env=cli_env)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines()[0] == f"# configuration file: {config}"
     assert tomllib.loads(shown.stdout)["relay"]["workers"] == 3
-    as_json = _relayd("config", "show", "--json", "--config", str(config), env=cli_env)
+    as_json = run_relayd_blocking("config", "show", "--json", "--config", str(config), env=cli_env)
     assert json.loads(as_json.stdout)["relay"]["workers"] == 3
     assert as_json.stderr == f"relayd: configuration file: {config}\n"
     env = {key: value for key, value in cli_env.items() if key != "RELAYD_CONFIG"}
-    default = _relayd("config", "show", env=env)
+    default = run_relayd_blocking("config", "show", env=env)
     assert default.stdout.splitlines()[0] in (
         "# configuration file: /etc/relayd/config.toml",
         "# no configuration file at /etc/relayd/config.toml: defaults and environment only",
@@ -82,6 +69,6 @@ def test_config_show_says_which_file_it_read(cli_env: dict[str, str], tmp_path: 
 
 def test_config_example_prints_the_shipped_example(cli_env: dict[str, str]) -> None:
     """`relayd config example` prints config.example.toml, which loads as the defaults."""
-    result = _relayd("config", "example", env=cli_env)
+    result = run_relayd_blocking("config", "example", env=cli_env)
     assert result.returncode == 0
     assert result.stdout == (ROOT / "config.example.toml").read_text()

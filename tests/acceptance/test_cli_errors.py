@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from tests.support import Database, secret_dsn
-
-
-def _relayd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "relayd", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+from tests.support import Database, run_relayd_blocking, secret_dsn
 
 
 def test_run_without_sink_url_exits_2(cli_env: dict[str, str], empty_database: Database) -> None:
     """No sink.url: exit 2 naming the key, no traceback."""
-    result = _relayd("run", env=cli_env | {"RELAYD_DATABASE__DSN": empty_database.dsn})
+    result = run_relayd_blocking("run", env=cli_env | {"RELAYD_DATABASE__DSN": empty_database.dsn})
     assert result.returncode == 2
     assert result.stderr == "relayd: config error: sink.url: required (the OJS server's base URL)\n"
 
@@ -38,7 +24,7 @@ def test_run_on_an_unmigrated_database_exits_1(
         "RELAYD_HTTP__ENABLED": "false",
         "RELAYD_LOG__FORMAT": "json",
     }
-    result = _relayd("run", env=env)
+    result = run_relayd_blocking("run", env=env)
     assert result.returncode == 1
     assert result.stderr.splitlines()[-1] == (
         "relayd: outbox table relayd.outbox does not exist: run `relayd migrate`"
@@ -52,7 +38,7 @@ def test_migrate_with_a_wrong_database_name_exits_2_without_the_password(
     """A DSN the server refuses for good: exit 2 naming database.dsn; no secret in the output."""
     dsn = empty_database.dsn.replace(empty_database.name, "no_such_database")
     dsn = dsn.replace("postgres:@", "postgres:hunter2@")
-    result = _relayd("migrate", env=cli_env | {"RELAYD_DATABASE__DSN": dsn})
+    result = run_relayd_blocking("migrate", env=cli_env | {"RELAYD_DATABASE__DSN": dsn})
     assert result.returncode == 2
     assert result.stderr.startswith("relayd: config error: database.dsn: ")
     assert "hunter2" not in result.stdout + result.stderr
@@ -95,7 +81,7 @@ def test_run_refuses_a_bad_setting_in_one_line(
     line: str,
 ) -> None:
     """A setting that would fail at run time: exit 2, one stderr line naming the key."""
-    result = _relayd(
+    result = run_relayd_blocking(
         "run",
         env=cli_env
         | env

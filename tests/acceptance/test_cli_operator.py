@@ -4,27 +4,14 @@ print, and one line with the documented exit code for every bad input."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import asyncpg
 import pytest
 
 from relayd.producer import uuid7
-from tests.support import Database, produce
+from tests.support import Database, produce, run_relayd_blocking
 
 NOT_V7 = "0190c3a2-0000-4000-8000-000000000001"
-
-
-def _relayd(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "relayd", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 async def _kill(conn: asyncpg.Connection, event_id: str, reason: str, error: str, age: str) -> None:
@@ -57,7 +44,7 @@ async def test_dlq_list_prints_a_table_newest_first_and_json_for_scripts(
     await _kill(conn, old, "max_attempts", "503 Service Unavailable: " + "x" * 100, "2 hours")
     await _kill(conn, new, "sink_rejected", "400 invalid_request:\nargs must be strings", "1 min")
 
-    result = _relayd("dlq", "list", env=env)
+    result = run_relayd_blocking("dlq", "list", env=env)
     assert (result.returncode, result.stderr) == (0, "")
     header, first, second, footer = result.stdout.splitlines()
     assert header.split() == [
@@ -77,7 +64,9 @@ async def test_dlq_list_prints_a_table_newest_first_and_json_for_scripts(
     assert second.endswith("503 Service Unavailable: " + "x" * 32 + "...")
     assert footer == "2 dead letters, newest first"
 
-    result = _relayd("dlq", "list", "--queue", "orders", "--since", "3h", "--json", env=env)
+    result = run_relayd_blocking(
+        "dlq", "list", "--queue", "orders", "--since", "3h", "--json", env=env
+    )
     assert result.returncode == 0
     [row] = json.loads(result.stdout)["dead_letters"]
     assert row["event_id"] == old
@@ -86,7 +75,7 @@ async def test_dlq_list_prints_a_table_newest_first_and_json_for_scripts(
     assert row["last_error"].endswith("x" * 100)
     assert row["dead_at"].endswith("Z")
 
-    result = _relayd("dlq", "list", "--reason", "conflict", env=env)
+    result = run_relayd_blocking("dlq", "list", "--reason", "conflict", env=env)
     assert (result.returncode, result.stdout) == (0, "no dead letters match\n")
 
 
@@ -98,7 +87,7 @@ async def test_dlq_show_prints_the_envelope_and_refuses_other_rows(
     [dead, waiting] = await produce(conn, 2, queue="orders")
     await _kill(conn, dead, "sink_unprocessable", "422 validation_error", "5 min")
 
-    result = _relayd("dlq", "show", dead, env=env)
+    result = run_relayd_blocking("dlq", "show", dead, env=env)
     assert (result.returncode, result.stderr) == (0, "")
     lines = result.stdout.splitlines()
     fields = dict(line.split(None, 1) for line in lines[: lines.index("envelope:")])
@@ -114,14 +103,14 @@ async def test_dlq_show_prints_the_envelope_and_refuses_other_rows(
     assert json.loads(envelope)["id"] == dead
     assert '\n  "id": ' in result.stdout  # indented
 
-    result = _relayd("dlq", "show", dead, "--json", env=env)
+    result = run_relayd_blocking("dlq", "show", dead, "--json", env=env)
     assert json.loads(result.stdout)["job"]["options"] == {"queue": "orders"}
 
-    result = _relayd("dlq", "show", waiting, env=env)
+    result = run_relayd_blocking("dlq", "show", waiting, env=env)
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == f"relayd: dlq show: {waiting} is not a dead letter: it is pending\n"
     missing = uuid7()
-    result = _relayd("dlq", "show", missing, env=env)
+    result = run_relayd_blocking("dlq", "show", missing, env=env)
     assert result.returncode == 1
     assert result.stderr == (
         f"relayd: dlq show: {missing} is not a dead letter: no such row in relayd.outbox\n"
@@ -184,7 +173,7 @@ def test_a_bad_value_exits_2_in_one_line(
 ) -> None:
     """A value the command cannot use: exit 2, one stderr line naming the option, before
     any database is needed."""
-    result = _relayd(*args, env=cli_env)
+    result = run_relayd_blocking(*args, env=cli_env)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.startswith(f"relayd: {line}")
     assert result.stderr.count("\n") == 1
@@ -193,7 +182,7 @@ def test_a_bad_value_exits_2_in_one_line(
 
 def test_a_window_that_ends_before_it_starts_exits_2(env: dict[str, str]) -> None:
     """`--since` after `--until` (resolved on the database's clock): exit 2 in one line."""
-    result = _relayd("dlq", "list", "--since", "1h", "--until", "2h", env=env)
+    result = run_relayd_blocking("dlq", "list", "--since", "1h", "--until", "2h", env=env)
     assert result.returncode == 2
     assert result.stderr.startswith("relayd: dlq list: --since (")
     assert result.stderr.count("\n") == 1
@@ -205,7 +194,7 @@ def test_operator_commands_on_an_unmigrated_outbox_exit_1(
     """No outbox table: exit 1 telling the operator to run `relayd migrate`."""
     env = cli_env | {"RELAYD_DATABASE__DSN": empty_database.dsn}
     for args in (["dlq", "list"], ["pause", "--reason", "x"]):
-        result = _relayd(*args, env=env)
+        result = run_relayd_blocking(*args, env=env)
         assert result.returncode == 1
         assert result.stderr == (
             "relayd: outbox table relayd.outbox does not exist: run `relayd migrate`\n"
@@ -215,7 +204,7 @@ def test_operator_commands_on_an_unmigrated_outbox_exit_1(
 def test_pause_and_resume_say_what_they_did(env: dict[str, str]) -> None:
     """`pause` writes the pause (a second pause updates its reason) and lists the pauses in
     force; `resume` lifts it; resuming what is not paused says so and exits 0."""
-    result = _relayd(
+    result = run_relayd_blocking(
         "pause", "--queue", "orders", "--reason", "migration", "--actor", "al", env=env
     )
     assert result.returncode == 0
@@ -226,19 +215,19 @@ def test_pause_and_resume_say_what_they_did(env: dict[str, str]) -> None:
     assert lines[1] == "paused now:"
     assert lines[2].startswith("  queue orders: migration (by al since ")
 
-    result = _relayd(
+    result = run_relayd_blocking(
         "pause", "--queue", "orders", "--reason", "longer", "--actor", "al", "--json", env=env
     )
     data = json.loads(result.stdout)
     assert (data["paused"], data["updated"]) == (True, True)
     assert [p["reason"] for p in data["pauses"]] == ["longer"]
 
-    result = _relayd("resume", env=env)
+    result = run_relayd_blocking("resume", env=env)
     assert (result.returncode, result.stdout.splitlines()[0]) == (
         0,
         "every queue was not paused: nothing to resume",
     )
-    result = _relayd("resume", "--queue", "orders", env=env)
+    result = run_relayd_blocking("resume", "--queue", "orders", env=env)
     assert result.returncode == 0
     assert result.stdout.startswith("resumed queue orders of relayd.outbox (paused since ")
     assert result.stdout.endswith("by al: longer); idle relays woken\nnothing is paused now\n")

@@ -4,15 +4,13 @@ answers, and a taken port reported in one line."""
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from relayd.testing.processes import free_port, relay_process
-from tests.support import Database, TcpProxy, eventually
+from tests.support import Database, TcpProxy, eventually, run_relayd_blocking
 
 
 async def _get(http: aiohttp.ClientSession, port: int, path: str) -> tuple[int, Any]:
@@ -82,8 +80,8 @@ def test_metrics_port_in_use_exits_1_in_one_line(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run(
-            [sys.executable, "-m", "relayd", "run"],
+        result = run_relayd_blocking(
+            "run",
             env=cli_env
             | {
                 "RELAYD_DATABASE__DSN": database.dsn,
@@ -91,10 +89,6 @@ def test_metrics_port_in_use_exits_1_in_one_line(
                 "RELAYD_HTTP__LISTEN": f"127.0.0.1:{port}",
                 "RELAYD_LOG__FORMAT": "json",
             },
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
         )
     assert result.returncode == 1
     assert result.stderr == (

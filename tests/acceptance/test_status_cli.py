@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import sys
 import uuid
 from typing import Any
 
@@ -21,7 +20,14 @@ from relayd.sampler import InstanceInfo, Sampler
 from relayd.store import Store
 from relayd.testing.emulator import RunningEmulator
 from relayd.testing.processes import free_port
-from tests.support import Database, eventually, relay_settings, rows_in_every_state, running
+from tests.support import (
+    Database,
+    eventually,
+    relay_settings,
+    rows_in_every_state,
+    run_relayd,
+    running,
+)
 
 PAUSE = (
     "INSERT INTO relayd.relayd_pauses (outbox_table, queue, reason, paused_by) "
@@ -31,21 +37,10 @@ PAUSE = (
 
 async def _status(env: dict[str, str], *args: str) -> str:
     """`relayd status ARGS` in a child process (this loop keeps serving meanwhile)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "relayd",
-        "status",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    async with asyncio.timeout(60):
-        stdout, stderr = await process.communicate()
-    assert process.returncode == 0, stderr.decode()
-    assert stderr == b""
-    return stdout.decode()
+    code, stdout, stderr = await run_relayd("status", *args, env=env)
+    assert code == 0, stderr
+    assert stderr == ""
+    return stdout
 
 
 async def _beat(store: Store, host: str) -> uuid.UUID:

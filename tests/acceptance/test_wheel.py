@@ -18,7 +18,7 @@ import pytest
 from relayd import __version__
 from relayd.config import DEFAULT_CONFIG_PATH
 from relayd.testing.emulator import RunningEmulator
-from tests.support import Database
+from tests.support import Database, run_relayd_blocking
 
 ROOT = Path(__file__).resolve().parents[2]
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
@@ -80,15 +80,7 @@ def test_installed_wheel_ships_the_example_configuration(
     installed_wheel: Path, tmp_path: Path
 ) -> None:
     """`relayd config example` from the installed wheel (no source tree) prints the example."""
-    result = subprocess.run(
-        [sys.executable, "-m", "relayd", "config", "example"],
-        env=_env(installed_wheel),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_relayd_blocking("config", "example", env=_env(installed_wheel), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == (ROOT / "config.example.toml").read_text()
     assert (installed_wheel / "relayd" / "config.example.toml").is_file()
@@ -100,16 +92,13 @@ def test_installed_wheel_migrates_a_database(
     """`relayd migrate` from the installed wheel creates the outbox."""
     config = tmp_path / "relayd.toml"
     config.write_text("")
-    result = subprocess.run(
-        [sys.executable, "-m", "relayd", "migrate", "--json"],
+    result = run_relayd_blocking(
+        "migrate",
+        "--json",
         env=_env(
             installed_wheel, RELAYD_CONFIG=str(config), RELAYD_DATABASE__DSN=empty_database.dsn
         ),
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
     )
     assert result.returncode == 0, result.stderr
     shipped = sorted(path.stem for path in (ROOT / "migrations").glob("*.sql"))

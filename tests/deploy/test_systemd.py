@@ -17,7 +17,7 @@ import pytest
 
 from relayd.testing.emulator import RunningEmulator
 from tests.deploy.conftest import DEPLOY
-from tests.support import Database
+from tests.support import Database, run_relayd_blocking
 
 UNIT = DEPLOY / "systemd" / "relayd.service"
 MAX_EXPOSURE = 2.0
@@ -259,14 +259,7 @@ def test_a_configuration_error_exits_2_which_the_unit_does_not_restart(
         "RELAYD_RELAY__LEASE_S": "5",  # must exceed 2 x sink.timeout_s (20)
         "NOTIFY_SOCKET": str(path),
     }
-    result = subprocess.run(
-        [sys.executable, "-m", "relayd", "run"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_relayd_blocking("run", env=env)
     assert result.returncode == 2
     assert result.stderr == (
         "relayd: config error: relay.lease_s: must be greater than 2 x sink.timeout_s (20)\n"

@@ -4,9 +4,7 @@ and the audit trail."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 import uuid
 from typing import Any
 
@@ -25,25 +23,9 @@ from relayd.operator_models import (
 from relayd.producer import enqueue_many, uuid7
 from relayd.store import Store
 from relayd.testing.emulator import EmulatorConfig, start_emulator
-from tests.support import Database, produce, relay_settings, run_until_idle
+from tests.support import Database, produce, relay_settings, run_relayd, run_until_idle
 
 ACTOR = AuditEntry(actor="test-operator", action=DlqAction.REDRIVE.value)
-
-
-async def _relayd(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
-    """Run `relayd ARGS` as a process without blocking this event loop."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "relayd",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
 
 
 async def _kill(
@@ -177,7 +159,7 @@ async def test_redrive_of_a_row_the_sink_holds_creates_no_second_job(
             assert response.status == 201
         await _kill(conn, [event_id], error="no answer within the attempt deadline (2.0s)")
         attempted_at = await conn.fetchval("SELECT last_attempt_at FROM relayd.outbox")
-        code, out, err = await _relayd(
+        code, out, err = await run_relayd(
             "dlq",
             "retry",
             event_id,
@@ -374,7 +356,7 @@ async def test_discard_keeps_rows_and_takes_them_out_of_the_dead_letter_queue(
     kept, dropped = await produce(conn, 2)
     await _kill(conn, [kept, dropped])
     env = cli_env | {"RELAYD_DATABASE__DSN": database.dsn}
-    code, out, err = await _relayd(
+    code, out, err = await run_relayd(
         "dlq", "discard", dropped, "--reason", "re-sent as a new job", "--actor", "bob", env=env
     )
     assert (code, err) == (0, "")
@@ -391,7 +373,7 @@ async def test_discard_keeps_rows_and_takes_them_out_of_the_dead_letter_queue(
 
     summary = await _redrive_all(store)
     assert summary.counts == {RowOutcome.REDRIVEN: 1}  # the kept one only
-    code, out, _ = await _relayd("dlq", "retry", dropped, "--actor", "carol", env=env)
+    code, out, _ = await run_relayd("dlq", "retry", dropped, "--actor", "carol", env=env)
     assert code == 0
     row = await _row(conn, dropped)
     assert (row["dead_at"], row["discarded_at"], row["discard_reason"]) == (None, None, None)
@@ -415,7 +397,7 @@ async def test_retry_all_dry_run_changes_nothing_and_prints_what_it_would_do(
     env = cli_env | {"RELAYD_DATABASE__DSN": database.dsn}
     before = await _snapshot(conn)
 
-    code, out, err = await _relayd("dlq", "retry", "--all", "--dry-run", env=env)
+    code, out, err = await run_relayd("dlq", "retry", "--all", "--dry-run", env=env)
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert lines[0] == (
@@ -426,12 +408,12 @@ async def test_retry_all_dry_run_changes_nothing_and_prints_what_it_would_do(
     assert lines[2] == (
         f"  would skip {not_v7}: event_id is not a UUIDv7 (check relayd_event_id_is_uuidv7)"
     )
-    code, dry_json, _ = await _relayd("dlq", "retry", "--all", "--dry-run", "--json", env=env)
+    code, dry_json, _ = await run_relayd("dlq", "retry", "--all", "--dry-run", "--json", env=env)
     assert code == 0
     assert await _snapshot(conn) == before
     assert await _audit(conn) == []
 
-    code, real_json, _ = await _relayd("dlq", "retry", "--all", "--json", env=env)
+    code, real_json, _ = await run_relayd("dlq", "retry", "--all", "--json", env=env)
     assert code == 0
     dry, real = json.loads(dry_json), json.loads(real_json)
     assert dry["dry_run"] is True

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import uuid
 
 import asyncpg
@@ -16,7 +15,7 @@ from relayd.migrate import load_migrations, migrate
 from relayd.models import LOWER_UUID, OutboxTable
 from relayd.producer import uuid7
 from relayd.store import Store
-from tests.support import Database
+from tests.support import Database, run_relayd
 
 MINIMAL_DDL = """
 CREATE SCHEMA legacy_app;
@@ -62,28 +61,13 @@ async def test_migrate_twice_is_idempotent(empty_database: Database) -> None:
         await conn.close()
 
 
-async def _run_cli(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "relayd",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await process.communicate()
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
-
-
 async def test_concurrent_migrate_processes_serialise(
     empty_database: Database, cli_env: dict[str, str]
 ) -> None:
     """Two `relayd migrate` processes at once: both succeed, one schema, one ledger entry each."""
     env = cli_env | {"RELAYD_DATABASE__DSN": empty_database.dsn}
     results = await asyncio.gather(
-        _run_cli("migrate", "--json", env=env), _run_cli("migrate", "--json", env=env)
+        run_relayd("migrate", "--json", env=env), run_relayd("migrate", "--json", env=env)
     )
     assert [code for code, _, _ in results] == [0, 0], results
     reports = [json.loads(out) for _, out, _ in results]

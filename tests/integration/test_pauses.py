@@ -4,8 +4,6 @@ alone, and the store's pause (the poison-storm guard's) writes its audit row wit
 
 from __future__ import annotations
 
-import asyncio
-import sys
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -14,28 +12,21 @@ import asyncpg
 from relayd.daemon import Daemon
 from relayd.store import Store
 from relayd.testing.emulator import RunningEmulator
-from tests.support import Database, drained, eventually, pending, produce, relay_settings, running
+from tests.support import (
+    Database,
+    drained,
+    eventually,
+    pending,
+    produce,
+    relay_settings,
+    run_relayd,
+    running,
+)
 
 POLL_S = 0.5
 # Each relay must show this many claims after the rows were committed: more than its
 # workers can have had in flight before, so some of them surely saw the rows.
 CLAIMS_SEEN = 10
-
-
-async def _relayd(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
-    """Run `relayd ARGS` as a process without blocking this event loop (relays run in it)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "relayd",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout=60)
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
 
 
 def _sample(daemon: Daemon, name: str) -> float:
@@ -79,7 +70,7 @@ async def test_pause_stops_claims_on_two_running_relays_and_resume_restarts_them
         return check
 
     async with running(settings, seed=1) as one, running(settings, seed=2) as two:
-        code, out, err = await _relayd("pause", "--reason", "sink maintenance", env=env)
+        code, out, err = await run_relayd("pause", "--reason", "sink maintenance", env=env)
         assert (code, err) == (0, "")
         assert out.startswith("paused every queue of relayd.outbox")
         await eventually(paused_gauges_read(1.0), timeout_s=10)
@@ -92,7 +83,7 @@ async def test_pause_stops_claims_on_two_running_relays_and_resume_restarts_them
         assert await pending(conn) == len(ids)
         assert emulator.emulator.ledger() == {}
 
-        code, out, err = await _relayd("resume", env=env)
+        code, out, err = await run_relayd("resume", env=env)
         assert (code, err) == (0, "")
         assert out.startswith("resumed every queue of relayd.outbox")
         await eventually(lambda: drained(conn), timeout_s=10)
@@ -144,15 +135,15 @@ async def test_resume_wakes_idle_relays_with_a_notify(
     env = cli_env | {"RELAYD_DATABASE__DSN": database.dsn}
     heard: list[str] = []
     await conn.add_listener("relayd.outbox", lambda *args: heard.append(args[2]))
-    code, out, _ = await _relayd("resume", env=env)
+    code, out, _ = await run_relayd("resume", env=env)
     assert (code, out) == (
         0,
         "every queue was not paused: nothing to resume\nnothing is paused now\n",
     )
-    code, _, _ = await _relayd("pause", "--queue", "orders", "--reason", "migration", env=env)
+    code, _, _ = await run_relayd("pause", "--queue", "orders", "--reason", "migration", env=env)
     assert code == 0
     assert heard == []
-    code, _, _ = await _relayd("resume", "--queue", "orders", env=env)
+    code, _, _ = await run_relayd("resume", "--queue", "orders", env=env)
     assert code == 0
 
     async def notified() -> bool:
