@@ -54,17 +54,14 @@ async def run_checks(settings: Settings, config_source: str) -> list[CheckLine]:
     """Every check, in order; stops asking the database once it is out of reach."""
     lines = [CheckLine("config", Verdict.OK, config_source)]
     try:
-        dsn = settings.dsn
+        _ = settings.dsn  # a missing DSN is this check's finding, not a usage error
     except ConfigError as exc:
         lines.append(CheckLine("config", Verdict.FAIL, str(exc)))
         return lines + _skipped("database", "schema", "privileges", "listen", "sink", "clock")
     try:
-        store = await Store.connect(
-            dsn,
-            settings.outbox.outbox_table,
-            max_size=2,
+        store = await Store.for_command(
+            settings,
             connect_timeout_s=min(settings.database.connect_timeout_s, _CONNECT_TIMEOUT_S),
-            statement_timeout_s=settings.database.statement_timeout_s,
         )
     except (ConfigError, DatabaseUnavailable) as exc:
         lines.append(CheckLine("database", Verdict.FAIL, _database_failure(exc)))

@@ -191,13 +191,7 @@ def _doctor(args: argparse.Namespace) -> int:
     settings = _settings(args)
 
     async def examine() -> Any:
-        store = await Store.connect(
-            settings.dsn,
-            settings.outbox.outbox_table,
-            max_size=2,
-            connect_timeout_s=settings.database.connect_timeout_s,
-            statement_timeout_s=settings.database.statement_timeout_s,
-        )
+        store = await Store.for_command(settings)
         try:
             return await diagnose(
                 store, lease_s=settings.relay.lease_s, batch_size=settings.relay.batch_size
@@ -342,17 +336,9 @@ def _status(args: argparse.Namespace) -> int:
     from relayd.store import Store  # noqa: PLC0415
 
     settings = _settings(args)
-    table = settings.outbox.outbox_table
 
     async def read() -> StatusReport:
-        # No waiting for PostgreSQL here, unlike `relayd run`: an operator asked now.
-        store = await Store.connect(
-            settings.dsn,
-            table,
-            max_size=2,
-            connect_timeout_s=settings.database.connect_timeout_s,
-            statement_timeout_s=settings.database.statement_timeout_s,
-        )
+        store = await Store.for_command(settings)
         try:
             await require_current(store)
             return await build_report(

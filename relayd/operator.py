@@ -61,13 +61,7 @@ async def operator_store(settings: Settings) -> AsyncIterator[Store]:
     """A small pool on the outbox for one command; `SchemaError` unless migration 0003 ran."""
     from relayd.store import Store  # noqa: PLC0415 - asyncpg only for commands that use it
 
-    store = await Store.connect(
-        settings.dsn,
-        settings.outbox.outbox_table,
-        max_size=2,
-        connect_timeout_s=settings.database.connect_timeout_s,
-        statement_timeout_s=settings.database.statement_timeout_s,
-    )
+    store = await Store.for_command(settings)
     try:
         await store.check_operator_schema()
         yield store

@@ -7,12 +7,15 @@ import contextlib
 import re
 from collections.abc import Iterator
 from importlib import resources
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import asyncpg
 
 from relayd.errors import ConfigError, DatabaseUnavailable, StatementError
 from relayd.models import OutboxTable
+
+if TYPE_CHECKING:
+    from relayd.config import Settings
 
 # Failures that say "this connection is gone, or the server cannot serve it right now", not
 # "this statement is wrong". A PostgreSQL restart or failover, pg_terminate_backend, a network
@@ -139,6 +142,7 @@ class StoreBase:
                     max_size=max_size,
                     timeout=connect_timeout_s,
                     server_settings=_server_settings(statement_timeout_s),
+                    reset=_keep_session,
                 )
             except (ValueError, asyncpg.ClientConfigurationError) as exc:
                 # The message may quote the DSN, which may hold a password: name the type only.
@@ -157,6 +161,23 @@ class StoreBase:
                 ) from None
         return cls(pool, table, dsn)
 
+    @classmethod
+    async def for_command(
+        cls, settings: Settings, *, connect_timeout_s: float | None = None
+    ) -> Self:
+        """A two-connection pool for one operator command (status, doctor, dlq, check): no
+        waiting for PostgreSQL, unlike `relayd run`, since an operator asked now."""
+        database = settings.database
+        return await cls.connect(
+            settings.dsn,
+            settings.outbox.outbox_table,
+            max_size=2,
+            connect_timeout_s=database.connect_timeout_s
+            if connect_timeout_s is None
+            else connect_timeout_s,
+            statement_timeout_s=database.statement_timeout_s,
+        )
+
     async def close(self) -> None:
         with contextlib.suppress(*_CONNECTION_GONE):
             await asyncio.wait_for(self._pool.close(), timeout=5)
@@ -174,3 +195,11 @@ def _server_settings(statement_timeout_s: float) -> dict[str, str]:
         "application_name": "relayd",
         "statement_timeout": str(max(1, round(statement_timeout_s * 1000))),
     }
+
+
+async def _keep_session(_conn: asyncpg.Connection) -> None:
+    """The pool's reset on release, made a no-op. asyncpg's default runs a reset query (close
+    cursors, UNLISTEN, RESET ALL, release advisory locks) on every release: one more round trip
+    per statement. relayd leaves no session state behind: no SET, no session advisory lock
+    (migrations take a transaction-scoped one), LISTEN only on its own connection or undone at
+    once (`check_listen`). The pool still rolls back a transaction left open."""
