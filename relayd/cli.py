@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from relayd import __version__
@@ -169,7 +169,17 @@ def _run(args: argparse.Namespace) -> int:
     from relayd.daemon import run_daemon  # noqa: PLC0415 - keeps `config show` light
 
     settings = _settings(args)
-    return asyncio.run(run_daemon(settings))
+    return _event_loop_runner()(run_daemon(settings))
+
+
+def _event_loop_runner() -> Callable[[Coroutine[Any, Any, int]], int]:
+    """uvloop where it is installed (a dependency on every platform it supports): it cuts
+    relayd's CPU per row by about a quarter (bench/README.md); asyncio's own loop elsewhere."""
+    try:
+        import uvloop  # noqa: PLC0415 - only `relayd run` needs it
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
 
 
 def _check(args: argparse.Namespace) -> int:

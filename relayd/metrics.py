@@ -65,7 +65,8 @@ class RelayMetrics:
         )
         self.publish_duration = Histogram(
             "relayd_publish_duration_seconds",
-            "Duration of one row's publish attempt (GET and POST), by outcome.",
+            "Duration of one publish attempt (one request's rows: a job, with its GET if any, "
+            "or a batch), observed once per outcome among its rows.",
             ["outcome"],
             buckets=_DURATION_BUCKETS,
             registry=r,
@@ -143,10 +144,16 @@ class RelayMetrics:
         self.build_info.labels(__version__).set(1)
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
-        for settled in Settled:
-            self.outcomes.labels(settled.value)
-        for reason in DeadReason:
-            self.dead_lettered.labels(reason.value)
+        # Children resolved once: the relay counts and observes them for every row, and a
+        # label lookup costs more than the increment.
+        self.settled = {settled: self.outcomes.labels(settled.value) for settled in Settled}
+        self.dead_by_reason = {
+            reason.value: self.dead_lettered.labels(reason.value) for reason in DeadReason
+        }
+        self.publish_duration_by = {
+            label: self.publish_duration.labels(label)
+            for label in (*(settled.value for settled in Settled), "sink_down")
+        }
 
     def set_breaker(self, state: BreakerState) -> None:
         self.breaker_state.set(state.value)

@@ -20,6 +20,7 @@ import asyncio
 import functools
 import math
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ from relayd.sinks import Sink
 from relayd.store import Store
 from relayd.storm import StormGuard
 from relayd.wakeup import Wakeup
+from relayd.watermark import Watermark
 
 # An idle worker never sleeps less than this, even when a row is due "now" but was locked by
 # another claimer at the instant we looked.
@@ -160,6 +162,7 @@ class RelayWorker:
         self._log = get_logger("relay").bind(worker=name)
         self._relay = ctx.settings.relay
         self._grace_ends = math.inf  # set by the drain: no attempt runs past it
+        self._watermark = Watermark(full_scan_every_s=self._relay.full_scan_interval_s)
         self._scopes: set[asyncio.Timeout] = set()
         self.released = 0  # rows handed back unstarted (drain, open breaker)
         self.in_flight = 0  # rows claimed and not yet settled
@@ -231,11 +234,15 @@ class RelayWorker:
         """Lease up to `limit` due rows to a fresh owner token (one autocommitted statement)."""
         owner = uuid.uuid4()
         loop = asyncio.get_running_loop()
-        sent_at = loop.time()
-        rows = await self._ctx.store.claim(limit, owner, self._relay.lease_s)
+        sent_at, timer = loop.time(), time.perf_counter()  # the loop's clock may be coarse
+        batch = await self._ctx.store.claim_from(
+            limit, owner, self._relay.lease_s, self._watermark.for_claim(sent_at)
+        )
+        self._watermark.advance(batch)
+        rows = batch.rows
         answered_at = loop.time()
         self._ctx.metrics.claims.inc()
-        self._ctx.metrics.claim_duration.observe(answered_at - sent_at)
+        self._ctx.metrics.claim_duration.observe(time.perf_counter() - timer)
         if rows:
             self._ctx.metrics.claimed_rows.inc(len(rows))
             self.in_flight = len(rows)
@@ -262,7 +269,7 @@ class RelayWorker:
         """
         timeout_s = self._relay.poll_interval_s
         try:
-            due_s = await self._ctx.store.next_due_s()
+            due_s = await self._ctx.store.next_due_s(self._watermark.scan_from)
         except (DatabaseUnavailable, StatementError) as exc:
             self._log.warning("relay.next_due_unknown", error=str(exc))
             due_s = None
@@ -337,7 +344,7 @@ class RelayWorker:
                 or loop.time() > claim.start_by
             ):
                 return {row.event_id: NotStarted() for row in rows}
-            started = loop.time()
+            started, timer = loop.time(), time.perf_counter()
             deadline = min(started + self._ctx.settings.sink.timeout_s, self._grace_ends)
             try:
                 async with asyncio.timeout_at(deadline) as scope:
@@ -355,9 +362,11 @@ class RelayWorker:
                 result = {row.event_id: expired for row in rows}
             except Exception as exc:
                 raise WorkerCrashed("publish", [row.event_id for row in rows]) from exc
-            elapsed_s = loop.time() - started
-            for outcome in result.values():
-                self._ctx.metrics.publish_duration.labels(_label(outcome)).observe(elapsed_s)
+            elapsed_s = time.perf_counter() - timer
+            durations = self._ctx.metrics.publish_duration_by
+            # One observation per attempt and outcome: a batch's rows share its duration.
+            for label in {_label(outcome) for outcome in result.values()}:
+                durations[label].observe(elapsed_s)
             return result
 
     # --- settle --------------------------------------------------------------------------
@@ -468,7 +477,7 @@ class RelayWorker:
         """Rows another owner held by the time we settled are only counted (C3)."""
         stale = len(rows) - len(updated)
         if stale:
-            self._ctx.metrics.outcomes.labels(Settled.STALE).inc(stale)
+            self._ctx.metrics.settled[Settled.STALE].inc(stale)
             self._log.warning(Settled.STALE.event, kind=kind.value, rows=len(rows), stale=stale)
 
     def _account_published(
@@ -478,13 +487,16 @@ class RelayWorker:
             return
         self._stale(Settled.PUBLISHED, published.rows, updated)
         metrics = self._ctx.metrics
+        lag = metrics.commit_to_publish
         since_claim_s = asyncio.get_running_loop().time() - claim.answered_at
+        reconciled = 0
         for row, answer in zip(published.rows, published.answers, strict=True):
             if row.event_id not in updated:
                 continue
-            metrics.commit_to_publish.observe(max(row.age_s + since_claim_s, 0.0))
+            lag.observe(max(row.age_s + since_claim_s, 0.0))
+            reconciled += answer.reconciled
             settled = Settled.RECONCILED if answer.reconciled else Settled.PUBLISHED
-            metrics.outcomes.labels(settled).inc()
+            # A lost answer found again, or a unique policy's choice, is worth an info line.
             (self._log.info if answer.reconciled or answer.sink_job_id else self._log.debug)(
                 settled.event,
                 event_id=row.event_id,
@@ -492,12 +504,14 @@ class RelayWorker:
                 sink_state=answer.sink_state,
                 sink_job_id=answer.sink_job_id,
             )
+        metrics.settled[Settled.RECONCILED].inc(reconciled)
+        metrics.settled[Settled.PUBLISHED].inc(len(updated) - reconciled)
 
     def _account_retried(self, retried: RetriedRows, updated: set[str] | None) -> None:
         if updated is None:
             return
         self._stale(Settled.RETRIED, retried.rows, updated)
-        self._ctx.metrics.outcomes.labels(Settled.RETRIED).inc(len(updated))
+        self._ctx.metrics.settled[Settled.RETRIED].inc(len(updated))
         for row, delay_s, error, refund in zip(
             retried.rows, retried.delays_s, retried.errors, retried.refunds, strict=True
         ):
@@ -516,10 +530,10 @@ class RelayWorker:
             return
         self._stale(Settled.DEAD, dead.rows, updated)
         metrics = self._ctx.metrics
-        metrics.outcomes.labels(Settled.DEAD).inc(len(updated))
+        metrics.settled[Settled.DEAD].inc(len(updated))
         for row, reason, error in zip(dead.rows, dead.reasons, dead.errors, strict=True):
             if row.event_id in updated:
-                metrics.dead_lettered.labels(reason).inc()
+                metrics.dead_by_reason[reason].inc()
                 self._log.warning(
                     Settled.DEAD.event,
                     event_id=row.event_id,
@@ -532,7 +546,7 @@ class RelayWorker:
         if updated is None:
             return
         self._stale(Settled.RELEASED, released.rows, updated)
-        self._ctx.metrics.outcomes.labels(Settled.RELEASED).inc(len(updated))
+        self._ctx.metrics.settled[Settled.RELEASED].inc(len(updated))
         self.released += len(updated)
         self._log.debug(Settled.RELEASED.event, rows=len(updated))
 

@@ -9,12 +9,14 @@ rules follow are in docs/ojs.md.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from relayd import jsonvalue
 from relayd.jsonvalue import equal
@@ -68,9 +70,10 @@ class SinkError:
 
 
 def parse_json(body: bytes) -> Any:
-    """The body as JSON, or None if it is not JSON relayd can read (never raises)."""
+    """The body as JSON, or None if it is not JSON relayd can read (never raises). Not held
+    to the envelope's depth bound: an answer wraps the envelope a level or two deeper."""
     try:
-        return jsonvalue.loads(body)
+        return jsonvalue.loads(body, bounded=False)
     except jsonvalue.JsonError:
         return None
 
@@ -272,7 +275,30 @@ def classify_batch(response: Response, chunk: Sequence[ClaimedRow]) -> BatchVerd
     return BatchFailed(RetryLater(error.describe(status)))
 
 
+class _JobRef(msgspec.Struct):
+    id: str
+    state: str | None = None
+
+
+class _BatchAnswer(msgspec.Struct):
+    jobs: list[_JobRef]
+
+
+# A batch answer echoes every job in full; only ids and states matter here, and a typed
+# decode skips the rest without building it.
+_BATCH_ANSWER = msgspec.json.Decoder(_BatchAnswer)
+_NOT_LISTED = RetryLater("the batch was accepted but its answer does not list this id")
+
+
 def _batch_accepted(chunk: Sequence[ClaimedRow], body: bytes) -> dict[str, Outcome]:
+    try:
+        states = {job.id: job.state or "accepted" for job in _BATCH_ANSWER.decode(body).jobs}
+    except (msgspec.DecodeError, RecursionError):  # not the usual shape: read it leniently
+        states = _listed_states(body)
+    return {row.event_id: _published(states.get(row.event_id)) for row in chunk}
+
+
+def _listed_states(body: bytes) -> dict[str, str]:
     data = parse_json(body)
     jobs = data.get("jobs") if isinstance(data, dict) else None
     states: dict[str, str] = {}
@@ -280,14 +306,13 @@ def _batch_accepted(chunk: Sequence[ClaimedRow], body: bytes) -> dict[str, Outco
         for job in jobs:
             if isinstance(job, dict) and isinstance(job.get("id"), str):
                 states[job["id"]] = str(job.get("state") or "accepted")
-    return {
-        row.event_id: (
-            Published(sink_state=states[row.event_id])
-            if row.event_id in states
-            else RetryLater("the batch was accepted but its answer does not list this id")
-        )
-        for row in chunk
-    }
+    return states
+
+
+@functools.lru_cache(maxsize=64)
+def _published(state: str | None) -> Outcome:
+    """One shared value per state (outcomes are immutable): no object per row."""
+    return _NOT_LISTED if state is None else Published(sink_state=state)
 
 
 def _index(value: object, length: int) -> int | None:

@@ -11,11 +11,34 @@
 -- Paused queues are skipped, so every replica obeys a pause from its next claim. The pause
 -- checks are uncorrelated subqueries, evaluated once per statement: with nothing paused the
 -- queue of a row is never computed, and with everything paused ('*') nothing is scanned.
--- params: $1 limit int, $2 owner token uuid, $3 lease_s float8, $4 outbox table text
-WITH due AS (
+--
+-- The scan starts at $5 (NULL: at the start of the index), the watermark the relay keeps
+-- (docs/performance.md): below it lie only index entries of rows already published or
+-- dead-lettered, which vacuum cannot remove while an old snapshot holds the xmin horizon
+-- back, and which a scan from the start would step over on every claim. Each answer carries
+-- what the next watermark is made of: `head`, the smallest available_at of the pending rows
+-- from $5 on (leased, scheduled or paused ones too), and `writers_since`, the start of the
+-- oldest transaction of this database that has written something and not ended (its rows,
+-- when it commits, were inserted no earlier). One row with NULL columns when nothing was
+-- claimed, so the marks always arrive.
+-- params: $1 limit int, $2 owner token uuid, $3 lease_s float8, $4 outbox table text,
+--         $5 scan from timestamptz (NULL: the whole index)
+WITH marks AS (
+    -- Finite values only: a row parked at 'infinity' bounds nothing, and one at
+    -- '-infinity' is claimed by the next full scan.
+    SELECT (SELECT min(available_at) FROM @outbox@
+            WHERE published_at IS NULL AND dead_at IS NULL
+              AND available_at >= coalesce($5::timestamptz, '-infinity')
+              AND available_at > '-infinity' AND available_at < 'infinity') AS head,
+           (SELECT coalesce(min(xact_start), clock_timestamp()) FROM pg_stat_activity
+            WHERE backend_xid IS NOT NULL AND datname = current_database()
+              AND pid <> pg_backend_pid()) AS writers_since
+),
+due AS (
     SELECT event_id, last_attempt_at
     FROM @outbox@
-    WHERE published_at IS NULL AND dead_at IS NULL AND available_at <= now()
+    WHERE published_at IS NULL AND dead_at IS NULL
+      AND available_at >= coalesce($5::timestamptz, '-infinity') AND available_at <= now()
       AND NOT EXISTS (
           SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $4 AND queue = '*')
       AND (NOT EXISTS (SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $4)
@@ -24,73 +47,105 @@ WITH due AS (
     ORDER BY available_at, event_id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE @outbox@ AS o
+    SET lease_owner = $2,
+        available_at = now() + make_interval(secs => $3),
+        attempts = o.attempts + 1,
+        last_attempt_at = now()
+    FROM due
+    WHERE o.event_id = due.event_id
+    RETURNING o.event_id::text AS event_id,
+              convert_to(o.job::text, 'UTF8') AS job,  -- the request body, as bytes
+              o.attempts,
+              due.last_attempt_at AS previous_attempt_at,
+              -- Epoch arithmetic, not timestamp subtraction: an infinite created_at (the
+              -- producer's column) gives an infinite age instead of failing the whole claim.
+              (extract(epoch FROM clock_timestamp()) - extract(epoch FROM o.created_at))::float8
+                  AS age_s
 )
-UPDATE @outbox@ AS o
-SET lease_owner = $2,
-    available_at = now() + make_interval(secs => $3),
-    attempts = o.attempts + 1,
-    last_attempt_at = now()
-FROM due
-WHERE o.event_id = due.event_id
-RETURNING o.event_id::text AS event_id,
-          convert_to(o.job::text, 'UTF8') AS job,  -- the request body, as bytes
-          o.attempts,
-          due.last_attempt_at AS previous_attempt_at,
-          -- Epoch arithmetic, not timestamp subtraction: an infinite created_at (the
-          -- producer's column) gives an infinite age instead of failing the whole claim.
-          (extract(epoch FROM clock_timestamp()) - extract(epoch FROM o.created_at))::float8
-              AS age_s;
+SELECT claimed.*, marks.head, marks.writers_since
+FROM marks LEFT JOIN claimed ON true;
 
 -- name: settle_published
 -- Mark rows the sink accepted. Fenced: only the claim's owner token may settle (C3).
 -- params: $1 owner token uuid, $2 event ids uuid[], $3 sink states text[]
-UPDATE @outbox@ AS o
-SET published_at = now(),
-    lease_owner = NULL,
-    sink_state = r.sink_state
-FROM unnest($2::uuid[], $3::text[]) AS r(event_id, sink_state)
-WHERE o.event_id = r.event_id AND o.lease_owner = $1
-RETURNING o.event_id::text;
+-- Returns NULL when every row was still this owner's (the usual case: nothing to decode),
+-- else the ids it did update.
+WITH settled AS (
+    UPDATE @outbox@ AS o
+    SET published_at = now(),
+        lease_owner = NULL,
+        sink_state = r.sink_state
+    FROM unnest($2::uuid[], $3::text[]) AS r(event_id, sink_state)
+    WHERE o.event_id = r.event_id AND o.lease_owner = $1
+    RETURNING o.event_id
+)
+SELECT CASE WHEN count(*) = cardinality($2::uuid[]) THEN NULL
+            ELSE coalesce(array_agg(event_id::text), '{}') END
+FROM settled;
 
 -- name: settle_retry
 -- Schedule another attempt after a backoff; refund the attempt when the failure was the
 -- sink's, not the row's (C5). Fenced by the owner token.
 -- params: $1 owner token uuid, $2 event ids uuid[], $3 delays float8[] (seconds),
 --         $4 errors text[], $5 refunds int[] (0 or 1)
-UPDATE @outbox@ AS o
-SET lease_owner = NULL,
-    available_at = now() + make_interval(secs => r.delay_s),
-    last_error = r.error,
-    attempts = greatest(o.attempts - r.refund, 0)
-FROM unnest($2::uuid[], $3::float8[], $4::text[], $5::int[]) AS r(event_id, delay_s, error, refund)
-WHERE o.event_id = r.event_id AND o.lease_owner = $1
-RETURNING o.event_id::text;
+-- Returns NULL when every row was still this owner's (the usual case: nothing to decode),
+-- else the ids it did update.
+WITH settled AS (
+    UPDATE @outbox@ AS o
+    SET lease_owner = NULL,
+        available_at = now() + make_interval(secs => r.delay_s),
+        last_error = r.error,
+        attempts = greatest(o.attempts - r.refund, 0)
+    FROM unnest($2::uuid[], $3::float8[], $4::text[], $5::int[]) AS r(event_id, delay_s, error, refund)
+    WHERE o.event_id = r.event_id AND o.lease_owner = $1
+    RETURNING o.event_id
+)
+SELECT CASE WHEN count(*) = cardinality($2::uuid[]) THEN NULL
+            ELSE coalesce(array_agg(event_id::text), '{}') END
+FROM settled;
 
 -- name: settle_dead
 -- Dead-letter rows that can never succeed or exhausted their attempts (C6). Fenced.
 -- params: $1 owner token uuid, $2 event ids uuid[], $3 reasons text[], $4 errors text[]
-UPDATE @outbox@ AS o
-SET lease_owner = NULL,
-    dead_at = now(),
-    dead_reason = r.reason,
-    last_error = r.error
-FROM unnest($2::uuid[], $3::text[], $4::text[]) AS r(event_id, reason, error)
-WHERE o.event_id = r.event_id AND o.lease_owner = $1
-RETURNING o.event_id::text;
+-- Returns NULL when every row was still this owner's (the usual case: nothing to decode),
+-- else the ids it did update.
+WITH settled AS (
+    UPDATE @outbox@ AS o
+    SET lease_owner = NULL,
+        dead_at = now(),
+        dead_reason = r.reason,
+        last_error = r.error
+    FROM unnest($2::uuid[], $3::text[], $4::text[]) AS r(event_id, reason, error)
+    WHERE o.event_id = r.event_id AND o.lease_owner = $1
+    RETURNING o.event_id
+)
+SELECT CASE WHEN count(*) = cardinality($2::uuid[]) THEN NULL
+            ELSE coalesce(array_agg(event_id::text), '{}') END
+FROM settled;
 
 -- name: release
 -- Give back claimed rows whose attempt never started (drain, open breaker): due at once for
 -- any replica, the attempt refunded and the previous attempt time restored, so a row that
 -- never reached the sink is not reconciled needlessly. Fenced.
 -- params: $1 owner token uuid, $2 event ids uuid[], $3 previous attempt times timestamptz[]
-UPDATE @outbox@ AS o
-SET lease_owner = NULL,
-    available_at = now(),
-    attempts = greatest(o.attempts - 1, 0),
-    last_attempt_at = r.previous_attempt_at
-FROM unnest($2::uuid[], $3::timestamptz[]) AS r(event_id, previous_attempt_at)
-WHERE o.event_id = r.event_id AND o.lease_owner = $1
-RETURNING o.event_id::text;
+-- Returns NULL when every row was still this owner's (the usual case: nothing to decode),
+-- else the ids it did update.
+WITH settled AS (
+    UPDATE @outbox@ AS o
+    SET lease_owner = NULL,
+        available_at = now(),
+        attempts = greatest(o.attempts - 1, 0),
+        last_attempt_at = r.previous_attempt_at
+    FROM unnest($2::uuid[], $3::timestamptz[]) AS r(event_id, previous_attempt_at)
+    WHERE o.event_id = r.event_id AND o.lease_owner = $1
+    RETURNING o.event_id
+)
+SELECT CASE WHEN count(*) = cardinality($2::uuid[]) THEN NULL
+            ELSE coalesce(array_agg(event_id::text), '{}') END
+FROM settled;
 
 -- name: next_due_s
 -- Seconds until the earliest pending row the claim may take is due (negative if one is due
@@ -98,10 +153,12 @@ RETURNING o.event_id::text;
 -- checks: a paused row must not wake an idle worker (it would spin, claiming nothing).
 -- Epoch arithmetic keeps a row parked by hand at 'infinity' (or '-infinity') from failing
 -- the query: +/-Infinity.
--- params: $1 outbox table text
+-- Scans from the worker's watermark $2, as the claim does.
+-- params: $1 outbox table text, $2 scan from timestamptz (NULL: the whole index)
 SELECT (extract(epoch FROM available_at) - extract(epoch FROM now()))::float8
 FROM @outbox@
 WHERE published_at IS NULL AND dead_at IS NULL
+  AND available_at >= coalesce($2::timestamptz, '-infinity')
   AND NOT EXISTS (
       SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $1 AND queue = '*')
   AND (NOT EXISTS (SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $1)

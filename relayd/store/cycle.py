@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from relayd.models import ClaimedRow
+from relayd.models import ClaimBatch, ClaimedRow
 from relayd.store.connection import StoreBase, _translated
 
 
@@ -15,8 +15,17 @@ class CycleQueries(StoreBase):
     """The statements `relayd run` issues every cycle."""
 
     async def claim(self, limit: int, owner: uuid.UUID, lease_s: float) -> list[ClaimedRow]:
-        records = await self._fetch("claim", limit, owner, lease_s, str(self.table))
-        return [
+        """A claim scanning the whole index (see `claim_from`)."""
+        return (await self.claim_from(limit, owner, lease_s, None)).rows
+
+    async def claim_from(
+        self, limit: int, owner: uuid.UUID, lease_s: float, scan_from: datetime | None
+    ) -> ClaimBatch:
+        """Lease up to `limit` due rows, scanning the claim index from `scan_from` (None: from
+        its start); the answer carries the marks of the next watermark."""
+        records = await self._fetch("claim", limit, owner, lease_s, str(self.table), scan_from)
+        head, writers_since = records[0]["head"], records[0]["writers_since"]
+        rows = [
             ClaimedRow(
                 event_id=r["event_id"],
                 job=r["job"],
@@ -25,7 +34,9 @@ class CycleQueries(StoreBase):
                 age_s=r["age_s"],
             )
             for r in records
+            if r["event_id"] is not None
         ]
+        return ClaimBatch(rows, head, writers_since)
 
     async def settle_published(
         self, owner: uuid.UUID, event_ids: Sequence[str], sink_states: Sequence[str]
@@ -65,12 +76,15 @@ class CycleQueries(StoreBase):
         """Run one fenced settle; returns the ids this owner still held (and so updated)."""
         if not event_ids:
             return set()
-        records = await self._fetch(name, owner, list(event_ids), *map(list, columns))
-        return {record[0] for record in records}
+        [record] = await self._fetch(name, owner, list(event_ids), *map(list, columns))
+        updated: list[str] | None = record[0]
+        return set(event_ids) if updated is None else set(updated)
 
-    async def next_due_s(self) -> float | None:
+    async def next_due_s(self, scan_from: datetime | None = None) -> float | None:
         with _translated("next_due_s"):
-            value: float | None = await self._pool.fetchval(self._q["next_due_s"], str(self.table))
+            value: float | None = await self._pool.fetchval(
+                self._q["next_due_s"], str(self.table), scan_from
+            )
         return value
 
     async def ping(self) -> None:

@@ -69,4 +69,5 @@ class HealthQueries(StoreBase):
                 uuid.UUID(int=0),
                 lease_s,
                 str(self.table),
+                None,  # a full scan: the plan every claim uses, from the index's start
             )

@@ -50,7 +50,7 @@ async def test_check_passes_on_a_ready_outbox(
         "clock",
     ]
     assert {verdict for verdict, _ in verdicts.values()} <= {"ok", "warn"}
-    assert "relayd.outbox is migrated (version 0003)" in verdicts["schema"][1]
+    assert "relayd.outbox is migrated (version 0004)" in verdicts["schema"][1]
     code, out, _ = await run_relayd(
         "check", "--json", env=_env(cli_env, database.dsn, emulator.url)
     )

@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import pytest
 
+from relayd.doctor import plan_scans
 from relayd.metrics import RelayMetrics
 from relayd.models import Published
 from relayd.producer import enqueue_many, new_job, uuid7
@@ -341,12 +343,13 @@ async def test_claim_is_an_index_scan_on_a_large_backlog(
     from relayd.store import load_queries  # noqa: PLC0415
 
     claim = load_queries(store.table)["claim"]
-    plan = await conn.fetchval(
-        f"EXPLAIN (FORMAT JSON) {claim}", 100, uuid.uuid4(), 30.0, str(store.table)
-    )
-    text = json.dumps(plan)
-    assert "outbox_relayd_claim" in text
-    assert '"Seq Scan"' not in text
+    for scan_from in (None, datetime.now(UTC) - timedelta(hours=1)):
+        plan = await conn.fetchval(
+            f"EXPLAIN (FORMAT JSON) {claim}", 100, uuid.uuid4(), 30.0, str(store.table), scan_from
+        )
+        scans = plan_scans(json.loads(plan))
+        assert ("Index Scan", "outbox_relayd_claim") in scans
+        assert not [scan for scan in scans if scan[0] == "Seq Scan" and scan[1] == "outbox"]
 
 
 async def test_gateway_variant_with_top_level_queue(

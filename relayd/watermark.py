@@ -1,0 +1,52 @@
+"""Where a worker's claim starts reading the claim index: the watermark (docs/performance.md).
+
+The claim index lists pending rows by `available_at`. Publishing a row removes it from the
+index only once vacuum runs, and vacuum cannot while any session holds an old snapshot (a
+long report, a forgotten `BEGIN`, a standby's feedback): a claim reading from the start of
+the index then steps over every row published since, and slows down without bound. So each
+worker starts its scan at a watermark below which no claimable row can be, and the claim's
+answer tells where the next one goes:
+
+- `head`: the smallest `available_at` of the pending rows the claim saw from the watermark
+  on (leased, scheduled and paused ones too: they become claimable in place);
+- a row a claim could not see yet belongs to a transaction that had not committed; its
+  `available_at` (default `clock_timestamp()` at INSERT) is no earlier than that
+  transaction's start, and a transaction that had already written shows in `pg_stat_activity`
+  with an xid (`writers_since`, the oldest such start). One that writes later inserts later.
+  `writers_since` is taken from the previous claim's answer, so a transaction that commits
+  between one statement's snapshot and its reading of `pg_stat_activity` is still covered.
+
+Rows whose producer set `available_at` in the past by hand (or a transaction prepared for
+two-phase commit) can fall below the watermark: every `full_scan_every_s` the claim reads the
+whole index again, so such a row waits at most that long. Pure: the clock is passed in.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from relayd.models import ClaimBatch
+
+
+class Watermark:
+    """One worker's scan start; None means the start of the index."""
+
+    def __init__(self, *, full_scan_every_s: float) -> None:
+        self._full_scan_every_s = full_scan_every_s
+        self._next_full_scan = float("-inf")  # the first claim reads the whole index
+        self.scan_from: datetime | None = None
+        self._writers_before: datetime | None = None  # the previous answer's writers_since
+
+    def for_claim(self, now: float) -> datetime | None:
+        """Where the next claim starts (None: a full scan, when one is due)."""
+        if now >= self._next_full_scan:
+            self._next_full_scan = now + self._full_scan_every_s
+            return None
+        return self.scan_from
+
+    def advance(self, batch: ClaimBatch) -> None:
+        """Move to min(head, the writers' start before this claim's snapshot)."""
+        marks = [mark for mark in (batch.head, self._writers_before) if mark is not None]
+        # Without the previous writers' mark (the first claim) nothing is known yet.
+        self.scan_from = min(marks) if self._writers_before is not None else None
+        self._writers_before = batch.writers_since

@@ -1,0 +1,147 @@
+"""C1 with the claim's watermark: a row committed late, behind rows already published, is
+never skipped (docs/contract.md#c1, docs/performance.md)."""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+
+from relayd.producer import new_job
+from relayd.testing.emulator import RunningEmulator
+from tests.support import Database, drained, eventually, produce, relay_settings, running
+
+
+async def _parked_for_an_hour(conn: asyncpg.Connection) -> str:
+    """A row waiting out a one-hour backoff: the pending head, an hour ahead."""
+    job = new_job("test.parked", [])
+    await conn.execute(
+        "INSERT INTO relayd.outbox (event_id, job, available_at) "
+        "VALUES ($1, $2, now() + interval '1 hour')",
+        job["id"],
+        json.dumps(job),
+    )
+    return str(job["id"])
+
+
+def _claims(daemon: object) -> float:
+    registry = daemon.metrics.registry  # type: ignore[attr-defined]
+    return float(registry.get_sample_value("relayd_claims_total") or 0)
+
+
+async def test_a_transaction_committing_late_is_published(
+    database: Database, conn: asyncpg.Connection, emulator: RunningEmulator
+) -> None:
+    """1. a producer transaction inserts rows and stays open, and a row waits out a one-hour
+    backoff (so the pending head is an hour ahead); 2. other producers' rows are committed
+    and published across many claims; 3. the open transaction commits: its rows, now behind
+    rows already published, are published without waiting for a full scan (one every hour
+    in this test)."""
+    settings = relay_settings(
+        database.dsn,
+        emulator.url,
+        relay={"poll_interval_s": 0.05, "full_scan_interval_s": 3600.0},
+    )
+    late = await asyncpg.connect(database.dsn)
+    try:
+        async with running(settings) as daemon:
+            # 1.
+            transaction = late.transaction()
+            await transaction.start()
+            late_jobs = [new_job("test.late", [n]) for n in range(10)]
+            for job in late_jobs:
+                await late.execute(
+                    "INSERT INTO relayd.outbox (event_id, job) VALUES ($1, $2)",
+                    job["id"],
+                    json.dumps(job),
+                )
+            parked = await _parked_for_an_hour(conn)
+            # 2.
+            claims_before = _claims(daemon)
+            for _ in range(10):
+                early = await produce(conn, 20)
+
+                async def published(ids: list[str] = early) -> bool:
+                    return set(ids) <= set(emulator.emulator.ledger())
+
+                await eventually(published)
+            assert _claims(daemon) >= claims_before + 10
+            # 3.
+            await transaction.commit()
+            late_ids = {str(job["id"]) for job in late_jobs}
+
+            async def late_published() -> bool:
+                return late_ids <= set(emulator.emulator.ledger())
+
+            await eventually(late_published, timeout_s=10)
+    finally:
+        await late.close()
+    assert parked not in emulator.emulator.ledger()
+
+
+async def test_a_row_set_below_the_watermark_by_hand_waits_one_full_scan(
+    database: Database, conn: asyncpg.Connection, emulator: RunningEmulator
+) -> None:
+    """A row inserted with an explicit available_at an hour ago, after the watermark moved
+    on, is claimed by the next full scan (here every 0.5 s)."""
+    settings = relay_settings(
+        database.dsn,
+        emulator.url,
+        relay={"poll_interval_s": 0.05, "full_scan_interval_s": 0.5},
+    )
+    async with running(settings):
+        for _ in range(5):
+            await produce(conn, 10)
+            await eventually(lambda: drained(conn))
+        job = new_job("test.backdated", [])
+        await conn.execute(
+            "INSERT INTO relayd.outbox (event_id, job, available_at) "
+            "VALUES ($1, $2, now() - interval '1 hour')",
+            job["id"],
+            json.dumps(job),
+        )
+        await eventually(lambda: drained(conn), timeout_s=10)
+    assert str(job["id"]) in emulator.emulator.ledger()
+
+
+async def test_a_transaction_that_writes_late_in_its_life_is_published(
+    database: Database, conn: asyncpg.Connection, emulator: RunningEmulator
+) -> None:
+    """A producer transaction that began long before it wrote (it read first, so it had no
+    transaction id while the watermark moved on) inserts and commits: its rows are due from
+    their insert (clock_timestamp()), not from its start, and are published at once."""
+    settings = relay_settings(
+        database.dsn,
+        emulator.url,
+        relay={"poll_interval_s": 0.05, "full_scan_interval_s": 3600.0},
+    )
+    late = await asyncpg.connect(database.dsn)
+    try:
+        async with running(settings) as daemon:
+            transaction = late.transaction()
+            await transaction.start()
+            await late.fetchval("SELECT count(*) FROM relayd.outbox")  # reads: no xid yet
+            await _parked_for_an_hour(conn)
+            claims_before = _claims(daemon)
+            for _ in range(10):
+                early = await produce(conn, 20)
+
+                async def published(ids: list[str] = early) -> bool:
+                    return set(ids) <= set(emulator.emulator.ledger())
+
+                await eventually(published)
+            assert _claims(daemon) >= claims_before + 10
+            job = new_job("test.late", [])
+            await late.execute(
+                "INSERT INTO relayd.outbox (event_id, job) VALUES ($1, $2)",
+                job["id"],
+                json.dumps(job),
+            )
+            await transaction.commit()
+
+            async def late_published() -> bool:
+                return str(job["id"]) in emulator.emulator.ledger()
+
+            await eventually(late_published, timeout_s=10)
+    finally:
+        await late.close()
