@@ -118,6 +118,8 @@ async def _database_lines(store: Store, settings: Settings) -> list[CheckLine]:
 async def _attempt(name: str, check: Callable[[], Awaitable[str]]) -> CheckLine:
     try:
         return CheckLine(name, Verdict.OK, await check())
+    except _Degraded as exc:
+        return CheckLine(name, Verdict.WARN, str(exc))
     except (SchemaError, _Missing) as exc:
         return CheckLine(name, Verdict.FAIL, str(exc))
     except (DatabaseUnavailable, StatementError) as exc:
@@ -126,6 +128,10 @@ async def _attempt(name: str, check: Callable[[], Awaitable[str]]) -> CheckLine:
 
 class _Missing(Exception):
     """A check found something missing; the message says what."""
+
+
+class _Degraded(Exception):
+    """A check found relayd will run, but slower than it could; the message says why."""
 
 
 async def _schema(store: Store) -> str:
@@ -155,6 +161,12 @@ async def _privileges(store: Store, settings: Settings) -> str:
     missing = [f"{privilege} on {relation}" for relation, privilege, ok in held if not ok]
     if missing:
         raise _Missing(f"missing {', '.join(missing)} (see docs/operations.md, privileges)")
+    if not await store.check_sees_writers():
+        raise _Degraded(
+            f"{len(held)} privileges relayd run needs are held, but not pg_read_all_stats: "
+            "without it relayd cannot see when other roles' transactions started, so every "
+            "claim reads the whole claim index (see docs/performance.md)"
+        )
     return f"{len(held)} privileges relayd run needs are held"
 
 

@@ -225,11 +225,12 @@ class ClaimedRow:
 class ClaimBatch:
     """A claim's rows, and what its statement saw for the next claim's watermark: the
     smallest available_at of the pending rows it scanned (`head`; None: none), and the start
-    of the oldest transaction still writing (`writers_since`)."""
+    of the oldest transaction still writing (`writers_since`; None: not visible to relayd's
+    role, so no watermark can be trusted)."""
 
     rows: list[ClaimedRow]
     head: datetime | None
-    writers_since: datetime
+    writers_since: datetime | None
 
 
 # --- outcomes of one publish attempt -------------------------------------------------------

@@ -46,7 +46,11 @@ class Watermark:
 
     def advance(self, batch: ClaimBatch) -> None:
         """Move to min(head, the writers' start before this claim's snapshot)."""
-        marks = [mark for mark in (batch.head, self._writers_before) if mark is not None]
-        # Without the previous writers' mark (the first claim) nothing is known yet.
-        self.scan_from = min(marks) if self._writers_before is not None else None
+        writers = self._writers_before
+        # Without the previous writers' mark (the first claim, or writers hidden from
+        # relayd's role) nothing is known: the next claim reads the whole index.
+        if writers is None:
+            self.scan_from = None
+        else:
+            self.scan_from = writers if batch.head is None else min(batch.head, writers)
         self._writers_before = batch.writers_since

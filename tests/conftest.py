@@ -120,3 +120,27 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("RELAYD_")}
     env["RELAYD_CONFIG"] = str(config)
     return env
+
+
+@pytest.fixture
+async def relay_role(database: Database) -> AsyncIterator[str]:
+    """A login role with exactly the privileges `relayd run` needs on the test outbox (and
+    not pg_read_all_stats); roles are cluster-wide, so it is dropped afterwards."""
+    role = f"relayd_run_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(database.dsn)
+    try:
+        await admin.execute(f"CREATE ROLE {role} LOGIN")
+        for grant in (
+            "USAGE ON SCHEMA relayd",
+            "SELECT, UPDATE, DELETE ON relayd.outbox",
+            "SELECT, INSERT ON relayd.relayd_pauses",
+            "INSERT ON relayd.relayd_audit",
+            "SELECT, INSERT, UPDATE, DELETE ON relayd.relayd_instances",
+            "SELECT ON relayd.relayd_migrations",
+        ):
+            await admin.execute(f"GRANT {grant} TO {role}")
+        yield role
+        await admin.execute(f"DROP OWNED BY {role}")
+        await admin.execute(f"DROP ROLE {role}")
+    finally:
+        await admin.close()

@@ -388,3 +388,8 @@ class TcpProxy:
             delivering.cancel()
             await asyncio.gather(delivering, return_exceptions=True)
             writer.transport.abort()
+
+
+def dsn_as(dsn: str, role: str) -> str:
+    """`dsn` logging in as `role` (trust authentication: no password)."""
+    return re.sub(r"://[^:@/]+(?::[^@/]*)?@", f"://{role}@", dsn, count=1)

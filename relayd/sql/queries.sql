@@ -19,8 +19,8 @@
 -- what the next watermark is made of: `head`, the smallest available_at of the pending rows
 -- from $5 on (leased, scheduled or paused ones too), and `writers_since`, the start of the
 -- oldest transaction of this database that has written something and not ended (its rows,
--- when it commits, were inserted no earlier). One row with NULL columns when nothing was
--- claimed, so the marks always arrive.
+-- when it commits, were inserted no earlier; NULL if a writer's start is hidden from this
+-- role). One row with NULL claim columns when nothing was claimed, so the marks arrive.
 -- params: $1 limit int, $2 owner token uuid, $3 lease_s float8, $4 outbox table text,
 --         $5 scan from timestamptz (NULL: the whole index)
 WITH marks AS (
@@ -30,7 +30,11 @@ WITH marks AS (
             WHERE published_at IS NULL AND dead_at IS NULL
               AND available_at >= coalesce($5::timestamptz, '-infinity')
               AND available_at > '-infinity' AND available_at < 'infinity') AS head,
-           (SELECT coalesce(min(xact_start), clock_timestamp()) FROM pg_stat_activity
+           -- NULL when a writer's start is hidden from us (another role's session, without
+           -- pg_read_all_stats): nothing is known, and the next claim reads the whole index.
+           (SELECT CASE WHEN bool_or(xact_start IS NULL) THEN NULL
+                        ELSE coalesce(min(xact_start), clock_timestamp()) END
+            FROM pg_stat_activity
             WHERE backend_xid IS NOT NULL AND datname = current_database()
               AND pid <> pg_backend_pid()) AS writers_since
 ),
@@ -669,6 +673,14 @@ SELECT to_regclass($1) IS NOT NULL;
 -- params: $1 relations text[], $2 privileges text[]
 SELECT r.relation, r.privilege, has_table_privilege(r.relation, r.privilege) AS held
 FROM unnest($1::text[], $2::text[]) AS r(relation, privilege);
+
+-- name: check_sees_writers
+-- Whether this role sees when other roles' transactions started (superuser, or a member of
+-- pg_read_all_stats): without it the claim's watermark is unknown and every claim reads the
+-- whole claim index.
+-- params: none
+SELECT coalesce((SELECT rolsuper FROM pg_roles WHERE rolname = current_user), false)
+       OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE');
 
 -- name: doctor_table
 -- The outbox table's vacuum statistics and size.

@@ -40,6 +40,10 @@ class HealthQueries(StoreBase):
         )
         return [(r["relation"], r["privilege"], r["held"]) for r in records]
 
+    async def check_sees_writers(self) -> bool:
+        [record] = await self._fetch("check_sees_writers")
+        return bool(record[0])
+
     async def check_listen(self) -> None:
         """LISTEN on the outbox's channel works (it does not on a hot standby)."""
         with _translated("check_listen"):

@@ -14,7 +14,7 @@ import pytest
 
 from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from relayd.testing.processes import free_port
-from tests.support import Database, run_relayd
+from tests.support import Database, dsn_as, run_relayd
 
 TOKEN = "check-token-value"  # noqa: S105 - a test value, not a credential
 
@@ -189,3 +189,16 @@ async def test_doctor_names_a_session_holding_back_the_horizon(
     diagnosis = json.loads(as_json)
     assert any(h["application_name"] == "forgotten-report" for h in diagnosis["horizon"])
     assert {f["topic"] for f in diagnosis["findings"]} >= {"vacuum", "horizon", "claim", "size"}
+
+
+async def test_check_warns_when_writers_are_hidden_from_the_role(
+    cli_env: dict[str, str], database: Database, relay_role: str, emulator: RunningEmulator
+) -> None:
+    """A role with every privilege relayd run needs but not pg_read_all_stats passes, with a
+    warning: without it the claims cannot use their watermark (exit 0)."""
+    dsn = dsn_as(database.dsn, relay_role)
+    code, out, _ = await run_relayd("check", env=_env(cli_env, dsn, emulator.url))
+    assert code == 0
+    verdict, detail = _verdicts(out)["privileges"]
+    assert verdict == "warn"
+    assert "but not pg_read_all_stats" in detail

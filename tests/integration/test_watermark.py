@@ -4,12 +4,24 @@ never skipped (docs/contract.md#c1, docs/performance.md)."""
 from __future__ import annotations
 
 import json
+import uuid
 
 import asyncpg
 
 from relayd.producer import new_job
+from relayd.store import Store
 from relayd.testing.emulator import RunningEmulator
-from tests.support import Database, drained, eventually, produce, relay_settings, running
+from relayd.watermark import Watermark
+from tests.support import (
+    DEFAULT_TABLE,
+    Database,
+    drained,
+    dsn_as,
+    eventually,
+    produce,
+    relay_settings,
+    running,
+)
 
 
 async def _parked_for_an_hour(conn: asyncpg.Connection) -> str:
@@ -145,3 +157,31 @@ async def test_a_transaction_that_writes_late_in_its_life_is_published(
             await eventually(late_published, timeout_s=10)
     finally:
         await late.close()
+
+
+async def test_writers_hidden_from_the_role_mean_no_watermark(
+    database: Database, conn: asyncpg.Connection, relay_role: str
+) -> None:
+    """A transaction of another role that has written and not ended: without
+    pg_read_all_stats its start is hidden, the claim says so (writers_since None) and the
+    watermark falls back to full scans; with the grant the claim sees its start."""
+    store = await Store.connect(dsn_as(database.dsn, relay_role), DEFAULT_TABLE, max_size=2)
+    writer = await asyncpg.connect(database.dsn)  # the test's superuser: another role
+    try:
+        transaction = writer.transaction()
+        await transaction.start()
+        await writer.execute("CREATE TEMP TABLE scratch (n int)")  # takes a transaction id
+        started = await writer.fetchval("SELECT now()")
+        batch = await store.claim_from(10, uuid.uuid4(), 30.0, None)
+        assert batch.writers_since is None
+        mark = Watermark(full_scan_every_s=60.0)
+        mark.advance(batch)
+        mark.advance(batch)
+        assert mark.scan_from is None
+        await conn.execute(f"GRANT pg_read_all_stats TO {relay_role}")
+        batch = await store.claim_from(10, uuid.uuid4(), 30.0, None)
+        assert batch.writers_since == started
+        await transaction.rollback()
+    finally:
+        await writer.close()
+        await store.close()
