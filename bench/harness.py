@@ -42,6 +42,9 @@ FILL_CHUNK = 500_000
 # index's first live entry, a fraction of a millisecond: the observer costs next to nothing,
 # and the end of a drain is seen within this.
 POLL_S = 0.05
+# How often the emulator forgets its jobs during a measurement (see sink_kept_small): a
+# few seconds' worth of jobs at most, some ten thousand.
+SINK_RESET_S = 2.0
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 # The rows every scenario but `lag` relays: an OJS envelope of about 250 bytes, in eight
@@ -138,20 +141,22 @@ async def drop_outbox(bench: Bench, table: OutboxTable) -> None:
         await conn.close()
 
 
-async def fill(conn: asyncpg.Connection, table: OutboxTable, first: int, last: int) -> None:
-    """Rows `first`..`last` (inclusive) of FILL_SQL, pending and due now, in FILL_CHUNK
-    statements."""
+async def fill(
+    conn: asyncpg.Connection, table: OutboxTable, first: int, last: int, chunk: int = FILL_CHUNK
+) -> None:
+    """Rows `first`..`last` (inclusive) of FILL_SQL, pending and due now, `chunk` rows per
+    statement (and transaction: the rows of one share their created_at)."""
     sql = FILL_SQL.format(outbox=table.qualified, schema=table.quoted_schema)
-    for start in range(first, last + 1, FILL_CHUNK):
-        await conn.execute(sql, start, min(start + FILL_CHUNK - 1, last))
+    for start in range(first, last + 1, chunk):
+        await conn.execute(sql, start, min(start + chunk - 1, last))
 
 
-async def filled_outbox(bench: Bench, name: str, rows: int) -> OutboxTable:
+async def filled_outbox(bench: Bench, name: str, rows: int, chunk: int = FILL_CHUNK) -> OutboxTable:
     """A new outbox holding `rows` pending rows, analyzed (as autovacuum would soon)."""
     table = await new_outbox(bench, name)
     conn = await asyncpg.connect(bench.dsn)
     try:
-        await fill(conn, table, 1, rows)
+        await fill(conn, table, 1, rows, chunk)
         await conn.execute(f"ANALYZE {table.qualified}")
     finally:
         await conn.close()
@@ -248,7 +253,7 @@ class Relays:
             total += value
         return total
 
-    async def drain(self, *, cpu_rows: int, timeout_s: float) -> Drain:
+    async def drain(self, *, cpu_rows: int, timeout_s: float, ledger: bool = False) -> Drain:
         """Resume the paused outbox and time its drain to the last row.
 
         The relays were started paused (`paused_relays`), so that every one of them is
@@ -256,18 +261,20 @@ class Relays:
         resume has returned: rows taken in the instant between the resume's commit and its
         command's exit are not counted, so the rate is not flattered. CPU is read from just
         before the resume to the end, over every row (`cpu_rows`): the relays are idle,
-        paused, before it.
+        paused, before it. With `ledger`, the emulator keeps every job (to be checked
+        afterwards) instead of being reset as it goes (`sink_kept_small`).
         """
-        cpu0, pg0 = self.cpu_s(), pg_cpu_s(self.bench.postmaster_pid)
-        await relayd_command(self.bench, self.table, "resume", "--reason", "bench: go")
         conn = await asyncpg.connect(self.bench.dsn)
         try:
-            before = time.perf_counter()
-            rows = await count_pending(conn, self.table)
-            started = (before + time.perf_counter()) / 2  # the count saw some instant in there
-            await wait_drained(conn, self, timeout_s)
-            seconds = time.perf_counter() - started
-            cpu1, pg1 = self.cpu_s(), pg_cpu_s(self.bench.postmaster_pid)
+            async with sink_kept_small(self.bench, enabled=not ledger):
+                cpu0, pg0 = self.cpu_s(), pg_cpu_s(self.bench.postmaster_pid)
+                await relayd_command(self.bench, self.table, "resume", "--reason", "bench: go")
+                before = time.perf_counter()
+                rows = await count_pending(conn, self.table)
+                started = (before + time.perf_counter()) / 2  # the count saw an instant in there
+                await wait_drained(conn, self, timeout_s)
+                seconds = time.perf_counter() - started
+                cpu1, pg1 = self.cpu_s(), pg_cpu_s(self.bench.postmaster_pid)
             await require_no_dead_letters(conn, self.table)
         finally:
             await conn.close()
@@ -419,6 +426,31 @@ async def reset_emulator(bench: Bench) -> None:
     async with aiohttp.ClientSession() as http, http.post(f"{bench.sink_url}/_emulator/reset") as r:
         if r.status != 200:
             raise BenchError(f"the emulator's reset answered HTTP {r.status}")
+
+
+@contextlib.asynccontextmanager
+async def sink_kept_small(bench: Bench, enabled: bool = True) -> AsyncIterator[None]:
+    """While inside, reset the emulator every SINK_RESET_S. It keeps every job it was sent
+    in one Python heap, and its cost per request grows with that heap (the garbage
+    collector walks it): without this, a long drain slows down because of the sink, and a
+    measurement at a high rate pays more per row than one at a low rate. Only where the
+    ledger is not read afterwards."""
+    if not enabled:
+        yield
+        return
+
+    async def janitor() -> None:
+        while True:
+            await asyncio.sleep(SINK_RESET_S)
+            await reset_emulator(bench)
+
+    task = asyncio.create_task(janitor())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def ledger(bench: Bench) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from bench.harness import (
     ratio,
     require_no_dead_letters,
     reset_emulator,
+    sink_kept_small,
     start_relays,
 )
 from relayd.models import OutboxTable
@@ -141,7 +142,11 @@ async def stepped_drain(bench: Bench, hold: bool) -> Pass:
     conn = await asyncpg.connect(bench.dsn)
     store = await open_store(bench, table)
     try:
-        async with held_snapshot(bench, table, hold), aiohttp.ClientSession() as http:
+        async with (
+            held_snapshot(bench, table, hold),
+            aiohttp.ClientSession() as http,
+            sink_kept_small(bench),
+        ):
             await fill(conn, table, 1, rows)
             await conn.execute(f"ANALYZE {table.qualified}")
             published = 0

@@ -34,6 +34,7 @@ from bench.harness import (
     ratio,
     require_no_dead_letters,
     reset_emulator,
+    sink_kept_small,
     start_relays,
     wait_drained,
 )
@@ -91,7 +92,7 @@ async def measure(bench: Bench, rate: int, seconds: float) -> dict[str, float]:
     """Produce at `rate` rows/s for `seconds` into a running relayd; the lag figures."""
     table = await new_outbox(bench, f"lag_{rate}")
     await reset_emulator(bench)
-    async with start_relays(bench, table, NAME) as relays:
+    async with start_relays(bench, table, NAME) as relays, sink_kept_small(bench):
         producers = [await asyncpg.connect(bench.dsn) for _ in range(PRODUCERS)]
         try:
             cpu0 = relays.cpu_s()
