@@ -38,16 +38,17 @@ SCHEMA = "bench"
 # Rows per INSERT of a fill: one transaction each, so that a multi-million-row fill neither
 # holds one huge transaction nor takes minutes of round trips.
 FILL_CHUNK = 500_000
-# How often a drain asks PostgreSQL whether rows are left. The question reads the claim
-# index's first live entry, a fraction of a millisecond: the observer costs next to nothing,
-# and the end of a drain is seen within this.
+# How often a drain asks PostgreSQL whether rows are left. The question (`any_pending`)
+# reads the first live entry of a partial index of pending rows, a fraction of a
+# millisecond: the observer costs next to nothing, and the end of a drain is seen within
+# this. (Not under a held snapshot: see horizon.py.)
 POLL_S = 0.05
 # How often the emulator forgets its jobs during a measurement (see sink_kept_small): a
 # few seconds' worth of jobs at most, some ten thousand.
 SINK_RESET_S = 2.0
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
-# The rows every scenario but `lag` relays: an OJS envelope of about 250 bytes, in eight
+# The rows every scenario but `lag` relays: an OJS envelope of about 230 bytes, in eight
 # queues and five types, made by PostgreSQL (ids from relayd_uuidv7(), installed by the
 # migration). `n` numbers the rows; `$1`..`$2` is the range of one statement.
 FILL_SQL = """
@@ -386,11 +387,14 @@ async def relayd_command(bench: Bench, table: OutboxTable, *args: str) -> None:
 
 
 def published_counter(metrics_text: str) -> int | None:
-    """relayd_outcomes_total for published and reconciled rows, from /metrics text."""
+    """relayd_outcomes_total for published and reconciled rows, from /metrics text; None
+    when the family is missing (a family without samples yet counts 0)."""
     found = False
     total = 0.0
     for line in metrics_text.splitlines():
-        if line.startswith("relayd_outcomes_total{") and (
+        if line.startswith("# TYPE relayd_outcomes "):
+            found = True
+        elif line.startswith("relayd_outcomes_total{") and (
             'outcome="published"' in line or 'outcome="reconciled"' in line
         ):
             found = True

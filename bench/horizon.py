@@ -82,32 +82,40 @@ async def _run_until_published(
     relays: Relays,
     http: aiohttp.ClientSession,
     conn: asyncpg.Connection,
-    rows: int,
-    timeout_s: float,
+    already: int,
+    wanted: int,
 ) -> tuple[int, float]:
-    """Wait until the relays have published `rows` rows since they started; returns how
-    many they had published when that was seen, and how long after the start. relayd's
-    /metrics counts them; without its counter, PostgreSQL is asked instead, which costs the
-    server a scan of the published index per poll, growing with the drain (so less often).
+    """Wait until the relays, started on an outbox where `already` rows were published,
+    have published `wanted` more. Returns the rows published between the first reading
+    and the last, and the time between: rows relayd took before the first reading (its
+    workers run a little before /readyz is seen) are neither counted nor timed.
+
+    relayd's /metrics counts the rows; without its counter, PostgreSQL is asked instead,
+    which costs the server a scan of the published index per poll, growing with the drain
+    (so it is asked less often).
     """
+    timeout_s = drain_timeout_s(wanted)
     started = time.perf_counter()
     deadline = started + timeout_s
-    baseline = None
+    by_metrics = await relays.published_by_metrics(http) is not None
+    first: int | None = None
     while True:
         relays.check_alive(f"a step of the drain of {relays.table}")
-        done = await relays.published_by_metrics(http)
-        if done is None:
-            published = await count_published(conn, relays.table)
-            baseline = published if baseline is None else baseline
-            done = published - baseline
+        # The counter counts from the processes' start; the table from its fill.
+        if by_metrics:
+            done = await relays.published_by_metrics(http) or 0
+        else:
+            done = await count_published(conn, relays.table) - already
         seen = time.perf_counter()
-        if done >= rows:
-            return done, seen - started
+        if first is None:
+            first, started = done, seen
+        if done >= wanted:
+            return done - first, seen - started
         if seen > deadline:
             raise BenchError(
-                f"{relays.table}: {done:,} of {rows:,} rows published in {timeout_s:.0f} s"
+                f"{relays.table}: {done:,} of {wanted:,} rows published in {timeout_s:.0f} s"
             )
-        await asyncio.sleep(POLL_S if baseline is None else 0.5)
+        await asyncio.sleep(POLL_S if by_metrics else 0.5)
 
 
 @dataclass
@@ -153,11 +161,12 @@ async def stepped_drain(bench: Bench, hold: bool) -> Pass:
             for target in [*range(0, rows, step), rows]:
                 if target > published:
                     # relayd until `target` rows are published in all. The rate counts from
-                    # /readyz to the moment the target was seen: neither start-up nor the
-                    # stop (SIGTERM, it settles what it holds) is a drain.
+                    # the first reading after /readyz to the moment the target was seen:
+                    # neither start-up nor the stop (SIGTERM: it settles what it holds) is
+                    # a drain.
                     async with start_relays(bench, table, NAME) as relays:
                         rows_seen, seconds = await _run_until_published(
-                            relays, http, conn, target - published, drain_timeout_s(rows)
+                            relays, http, conn, published, target - published
                         )
                     result.relay_rows += rows_seen
                     result.relay_s += seconds
