@@ -29,9 +29,9 @@ from bench.harness import (
     drop_outbox,
     filled_outbox,
     paused_relays,
-    pg_cpu_s,
     ratio,
     reset_emulator,
+    warnings_line,
 )
 from relayd.models import OutboxTable
 
@@ -82,17 +82,12 @@ async def drain_loop(bench: Bench, rows: int) -> Drain:
     # the oldest created_at, so its cost depends on how many do.
     table = await filled_outbox(bench, "drain_loop", rows, chunk=LOOP_FILL_CHUNK)
     await reset_emulator(bench)
-    cpu0, pg0 = time.process_time(), pg_cpu_s(bench.postmaster_pid)
+    cpu0 = bench.cpu_s(None)
     started = time.perf_counter()
     await asyncio.wait_for(one_row_loop(bench.dsn, table, bench.sink_url), LOOP_TIMEOUT_S)
     seconds = time.perf_counter() - started
-    drained = Drain(
-        rows,
-        seconds,
-        rows,
-        time.process_time() - cpu0,
-        pg_cpu_s(bench.postmaster_pid) - pg0,
-    )
+    relay, pg, sink = (b - a for a, b in zip(cpu0, bench.cpu_s(None), strict=True))
+    drained = Drain(rows, seconds, rows, relay, pg, sink)
     await drop_outbox(bench, table)
     return drained
 
@@ -127,7 +122,7 @@ async def run(bench: Bench) -> Result:
     }
     summary = [
         f"{'mode':<16}{'rows':>9}{'seconds':>9}{'rows/s':>10}{'vs loop':>9}"
-        f"{'relay cpu s/1k':>16}{'pg cpu s/1k':>13}{'relay us/row':>14}"
+        f"{'relay cpu s/1k':>16}{'pg cpu s/1k':>13}{'sink cpu s/1k':>15}{'relay us/row':>14}"
     ]
     for name, drained in (
         ("one-row loop", loop),
@@ -139,8 +134,10 @@ async def run(bench: Bench) -> Result:
             f"{name:<16}{drained.rows:>9,}{drained.seconds:>9.2f}{drained.rate:>10,.0f}"
             f"{ratio(drained.rate, loop.rate):>8.1f}x"
             f"{f['relay_cpu_s_per_1000_rows']:>16.3f}{f['pg_cpu_s_per_1000_rows']:>13.3f}"
+            f"{f['sink_cpu_s_per_1000_rows']:>15.3f}"
             f"{f['relay_cpu_us_per_row']:>14.0f}"
         )
+    summary += warnings_line(per_row.relay_warnings) + warnings_line(batch.relay_warnings)
     return Result(
         scenario=NAME,
         params={

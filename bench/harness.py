@@ -81,6 +81,7 @@ class Bench:
     sink_url: str
     quick: bool
     postmaster_pid: int
+    emulator_pid: int
     keep: bool = False  # keep the directory (every process's log) after the run
     _tables: int = 0
 
@@ -89,6 +90,12 @@ class Bench:
         migration ledger remembers a dropped table's name)."""
         self._tables += 1
         return OutboxTable.parse(f"{SCHEMA}.{name}_{self._tables}")
+
+    def cpu_s(self, relays: Relays | None) -> tuple[float, float, float]:
+        """CPU seconds so far of the relays (or this process, which runs the one-row loop),
+        of PostgreSQL and of the emulator."""
+        relay = relays.cpu_s() if relays is not None else time.process_time()
+        return relay, pg_cpu_s(self.postmaster_pid), process_cpu_s(self.emulator_pid)
 
     def relay_dir(self, name: str) -> Path:
         """A directory for one relay process's config and log, kept until the run ends."""
@@ -114,13 +121,30 @@ async def open_bench(*, quick: bool, keep: bool) -> AsyncIterator[Bench]:
                     postmaster = _ppid(await conn.fetchval("SELECT pg_backend_pid()"))
                 finally:
                     await conn.close()
-                bench = Bench(base, dsn, sink_url, quick, postmaster, keep=keep)
+                emulator = _child_listening_on(sink_url.rsplit(":", 1)[1])
+                bench = Bench(base, dsn, sink_url, quick, postmaster, emulator, keep=keep)
                 yield bench
     finally:
         if keep or (bench is not None and bench.keep):
             print(f"bench: logs kept in {base}", file=sys.stderr)
         else:
             shutil.rmtree(base, ignore_errors=True)
+
+
+def _child_listening_on(port: str) -> int:
+    """The pid of this process's child `relayd emulator --listen 127.0.0.1:<port>`."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if _ppid(int(entry.name)) != os.getpid():
+                continue
+            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if b"emulator" in argv and f"127.0.0.1:{port}".encode() in argv:
+            return int(entry.name)
+    raise BenchError(f"cannot find the emulator process listening on port {port}")
 
 
 # --- outbox tables ------------------------------------------------------------------------
@@ -216,6 +240,30 @@ class Relay:
     def last_log_line(self) -> str:
         return last_line(self.log)
 
+    def warnings(self) -> dict[str, int]:
+        """The events this process logged at warning or above, by name: a measurement
+        during which relayd met trouble (the breaker opened, the database went away) is
+        suspect, and says so in its figures."""
+        counts: dict[str, int] = {}
+        try:
+            text = self.log.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return counts
+        for line in text.splitlines():
+            start = line.find("{")  # after a journald priority prefix, if any
+            try:
+                record = json.loads(line[start:]) if start >= 0 else None
+            except ValueError:
+                record = None
+            if not isinstance(record, dict):
+                if line.strip():  # not relayd's JSON: a traceback, a library's print
+                    counts["(not JSON)"] = counts.get("(not JSON)", 0) + 1
+                continue
+            if str(record.get("level", "")).lower() in {"warning", "error", "critical"}:
+                name = str(record.get("event", "?"))
+                counts[name] = counts.get(name, 0) + 1
+        return counts
+
 
 @dataclass
 class Relays:
@@ -231,6 +279,14 @@ class Relays:
 
     def cpu_s(self) -> float:
         return sum(r.cpu_s() for r in self.members)
+
+    def warnings(self) -> dict[str, int]:
+        """Relay.warnings() summed over the processes."""
+        counts: dict[str, int] = {}
+        for relay in self.members:
+            for name, count in relay.warnings().items():
+                counts[name] = counts.get(name, 0) + count
+        return counts
 
     def check_alive(self, doing: str) -> None:
         for relay in self.members:
@@ -268,18 +324,19 @@ class Relays:
         conn = await asyncpg.connect(self.bench.dsn)
         try:
             async with sink_kept_small(self.bench, enabled=not ledger):
-                cpu0, pg0 = self.cpu_s(), pg_cpu_s(self.bench.postmaster_pid)
+                cpu0 = self.bench.cpu_s(self)
                 await relayd_command(self.bench, self.table, "resume", "--reason", "bench: go")
                 before = time.perf_counter()
                 rows = await count_pending(conn, self.table)
                 started = (before + time.perf_counter()) / 2  # the count saw an instant in there
                 await wait_drained(conn, self, timeout_s)
                 seconds = time.perf_counter() - started
-                cpu1, pg1 = self.cpu_s(), pg_cpu_s(self.bench.postmaster_pid)
+                cpu1 = self.bench.cpu_s(self)
             await require_no_dead_letters(conn, self.table)
         finally:
             await conn.close()
-        return Drain(rows, seconds, cpu_rows, cpu1 - cpu0, pg1 - pg0)
+        relay, pg, sink = (b - a for a, b in zip(cpu0, cpu1, strict=True))
+        return Drain(rows, seconds, cpu_rows, relay, pg, sink, self.warnings())
 
 
 @contextlib.asynccontextmanager
@@ -483,12 +540,14 @@ class Drain:
     cpu_rows: int
     relay_cpu_s: float
     pg_cpu_s: float
+    sink_cpu_s: float
+    relay_warnings: dict[str, int] = field(default_factory=dict)  # see Relay.warnings
 
     @property
     def rate(self) -> float:
         return self.rows / self.seconds if self.seconds > 0 else math.nan
 
-    def figures(self) -> dict[str, float]:
+    def figures(self) -> dict[str, Any]:
         per = 1000 / self.cpu_rows if self.cpu_rows else math.nan
         return {
             "rows": self.rows,
@@ -496,7 +555,16 @@ class Drain:
             "rows_per_s": round(self.rate, 1),
             "relay_cpu_s_per_1000_rows": round(self.relay_cpu_s * per, 4),
             "pg_cpu_s_per_1000_rows": round(self.pg_cpu_s * per, 4),
+            "sink_cpu_s_per_1000_rows": round(self.sink_cpu_s * per, 4),
             "relay_cpu_us_per_row": round(self.relay_cpu_s * per * 1000, 1),
+            # CPU of relay + PostgreSQL + sink per second of drain: near the core count,
+            # the machine, not any one of them, was the limit.
+            "busy_cores": round(
+                (self.relay_cpu_s + self.pg_cpu_s + self.sink_cpu_s) / self.seconds, 2
+            )
+            if self.seconds > 0
+            else math.nan,
+            "relay_warnings": self.relay_warnings,
         }
 
 
@@ -619,6 +687,14 @@ async def median_s(run: Callable[[], Any], runs: int) -> float:
         await run()
         durations.append(time.perf_counter() - started)
     return median(durations)
+
+
+def warnings_line(warnings: dict[str, int]) -> list[str]:
+    """A summary line naming relayd's warnings, or nothing when there were none."""
+    if not warnings:
+        return []
+    listed = ", ".join(f"{name} x{count}" for name, count in sorted(warnings.items()))
+    return [f"relayd logged warnings (figures suspect): {listed}"]
 
 
 @dataclass

@@ -46,6 +46,7 @@ from bench.harness import (
     reset_emulator,
     sink_kept_small,
     start_relays,
+    warnings_line,
 )
 from relayd.models import OutboxTable
 
@@ -126,6 +127,7 @@ class Pass:
     relay_rows: int = 0
     relay_s: float = 0.0
     steps: list[dict[str, float]] = field(default_factory=list)
+    relay_warnings: dict[str, int] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -138,6 +140,7 @@ class Pass:
             "relay_seconds": round(self.relay_s, 3),
             "rows_per_s": round(self.rate, 1),
             "steps": [s | {"vs_first": ratio(s["claim_settle_ms"], first)} for s in self.steps],
+            "relay_warnings": self.relay_warnings,
         }
 
 
@@ -170,6 +173,8 @@ async def stepped_drain(bench: Bench, hold: bool) -> Pass:
                         )
                     result.relay_rows += rows_seen
                     result.relay_s += seconds
+                    for name, count in relays.warnings().items():
+                        result.relay_warnings[name] = result.relay_warnings.get(name, 0) + count
                     published = await count_published(conn, table)
                 pending = await count_pending(conn, table)
                 if pending < (rounds + 1) * 100:
@@ -213,6 +218,7 @@ async def run(bench: Bench) -> Result:
             f"{a['drained']:>9,}{a['claim_settle_ms']:>22.2f}{a['vs_first']:>9.2f}x"
             f"{b['claim_settle_ms']:>22.2f}{b['vs_first']:>9.2f}x"
         )
+    summary += warnings_line(free.relay_warnings) + warnings_line(held.relay_warnings)
     return Result(
         scenario=NAME,
         params={

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
@@ -37,6 +38,7 @@ from bench.harness import (
     sink_kept_small,
     start_relays,
     wait_drained,
+    warnings_line,
 )
 from relayd.models import OutboxTable
 from relayd.producer import enqueue_many, new_job
@@ -88,7 +90,7 @@ async def _producer(
     return rows, latest, durations
 
 
-async def measure(bench: Bench, rate: int, seconds: float) -> dict[str, float]:
+async def measure(bench: Bench, rate: int, seconds: float) -> dict[str, Any]:
     """Produce at `rate` rows/s for `seconds` into a running relayd; the lag figures."""
     table = await new_outbox(bench, f"lag_{rate}")
     await reset_emulator(bench)
@@ -116,9 +118,11 @@ async def measure(bench: Bench, rate: int, seconds: float) -> dict[str, float]:
             tail_s = time.perf_counter() - tail_started
             cpu_s = relays.cpu_s() - cpu0
             await require_no_dead_letters(conn, table)
-            lags_ms = await _lags_ms(conn, table)
+            lags_ms, waits_ms, sends_ms = await _lags_ms(conn, table)
+            slowest = await _slowest_seconds(conn, table)
         finally:
             await conn.close()
+        warnings = relays.warnings()
     await drop_outbox(bench, table)
     return {
         "target_rows_per_s": rate,
@@ -127,23 +131,50 @@ async def measure(bench: Bench, rate: int, seconds: float) -> dict[str, float]:
         "p50_ms": round(percentile(lags_ms, 50), 2),
         "p99_ms": round(percentile(lags_ms, 99), 2),
         "max_ms": round(max(lags_ms, default=float("nan")), 2),
+        "claim_wait_p99_ms": round(percentile(waits_ms, 99), 2),
+        "claim_to_publish_p99_ms": round(percentile(sends_ms, 99), 2),
         "producer_latest_start_ms": round(latest * 1000, 1),
         "producer_txn_p99_ms": round(percentile(durations, 99) * 1000, 2),
         "drain_after_producers_s": round(tail_s, 2),
         "relay_cpu_share": round(cpu_s / (seconds + tail_s), 3),
+        "slowest_seconds": slowest,
+        "relay_warnings": warnings,
     }
 
 
-async def _lags_ms(conn: asyncpg.Connection, table: OutboxTable) -> list[float]:
-    """Commit-to-publish of the rows created after the warm-up, by the database's clock."""
+async def _lags_ms(
+    conn: asyncpg.Connection, table: OutboxTable
+) -> tuple[list[float], list[float], list[float]]:
+    """Commit-to-publish of the rows created after the warm-up, by the database's clock,
+    and its two parts: commit to the claim that published the row (`last_attempt_at`, set
+    by the claim), and that claim to `published_at` (the POST and the settle)."""
     rows = await conn.fetch(
-        "SELECT (extract(epoch FROM o.published_at) - extract(epoch FROM o.created_at))"
-        f" * 1000 AS lag_ms FROM {table.qualified} AS o, "
-        f"(SELECT min(created_at) + make_interval(secs => $1) AS since "
-        f"FROM {table.qualified}) AS w WHERE o.created_at >= w.since",
+        "SELECT extract(epoch FROM o.published_at) - extract(epoch FROM o.created_at) AS lag,"
+        " extract(epoch FROM o.last_attempt_at) - extract(epoch FROM o.created_at) AS wait"
+        f" FROM {table.qualified} AS o, (SELECT min(created_at) + make_interval(secs => $1)"
+        f" AS since FROM {table.qualified}) AS w WHERE o.created_at >= w.since",
         WARMUP_S,
     )
-    return [float(r["lag_ms"]) for r in rows]
+    lags = [float(r["lag"]) * 1000 for r in rows]
+    waits = [float(r["wait"]) * 1000 for r in rows if r["wait"] is not None]
+    sends = [(float(r["lag"]) - float(r["wait"])) * 1000 for r in rows if r["wait"] is not None]
+    return lags, waits, sends
+
+
+async def _slowest_seconds(conn: asyncpg.Connection, table: OutboxTable) -> list[dict[str, float]]:
+    """The three seconds of the run (by created_at, from its first row) whose rows waited
+    longest: a steady lag shows as many alike, a stall as one or two far above the rest."""
+    rows = await conn.fetch(
+        "SELECT floor(extract(epoch FROM o.created_at - w.t0))::int AS second,"
+        " max(extract(epoch FROM o.published_at) - extract(epoch FROM o.created_at)) * 1000"
+        " AS max_ms, count(*) AS rows"
+        f" FROM {table.qualified} AS o, (SELECT min(created_at) AS t0 FROM {table.qualified})"
+        " AS w GROUP BY 1 ORDER BY 2 DESC LIMIT 3"
+    )
+    return [
+        {"second": r["second"], "max_ms": round(float(r["max_ms"]), 1), "rows": r["rows"]}
+        for r in rows
+    ]
 
 
 async def run(bench: Bench) -> Result:
@@ -161,6 +192,14 @@ async def run(bench: Bench) -> Result:
             f"{f['p50_ms']:>9.1f}{f['p99_ms']:>9.1f}{f['max_ms']:>9.1f}"
             f"{ratio(f['p99_ms'], base['p99_ms']):>12.2f}x{f['producer_txn_p99_ms']:>21.1f}"
         )
+    for rate, f in results.items():
+        worst = f["slowest_seconds"][0] if f["slowest_seconds"] else None
+        if worst is not None:
+            summary.append(
+                f"{rate:,} rows/s: slowest second {worst['second']} "
+                f"(rows created then waited up to {worst['max_ms']:.0f} ms)"
+            )
+        summary += [f"{rate:,} rows/s: {line}" for line in warnings_line(f["relay_warnings"])]
     return Result(
         scenario=NAME,
         params={

@@ -30,6 +30,7 @@ from bench.harness import (
     ratio,
     reset_emulator,
     rss_mib,
+    warnings_line,
 )
 
 NAME = "memory"
@@ -85,5 +86,6 @@ async def run(bench: Bench) -> Result:
             f"end {end:.1f}; at 25/50/75% of the drain "
             + "/".join(f"{v:.1f}" for v in curve.values()),
             f"drained {rows:,} rows at {drained.rate:,.0f} rows/s",
+            *warnings_line(drained.relay_warnings),
         ],
     )

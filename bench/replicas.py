@@ -27,6 +27,7 @@ from bench.harness import (
     paused_relays,
     ratio,
     reset_emulator,
+    warnings_line,
 )
 
 NAME = "replicas"
@@ -85,6 +86,8 @@ async def run(bench: Bench) -> Result:
             f"{count:>10}{drained.rate:>10,.0f}{ratio(drained.rate, base.rate):>8.2f}x"
             f"{drained.figures()['relay_cpu_s_per_1000_rows']:>16.3f}  {verdict}"
         )
+    for count, (drained, _) in results.items():
+        summary += [f"{count} processes: {line}" for line in warnings_line(drained.relay_warnings)]
     top = COUNTS[-1]
     exactly_once = all(check["exactly_once"] for _, check in results.values())
     summary.append(
