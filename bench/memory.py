@@ -62,7 +62,7 @@ async def run(bench: Bench) -> Result:
                 await sampling
     await drop_outbox(bench, table)
     await reset_emulator(bench)
-    peak = max(peak, *(mib for _, mib in sampler.samples))
+    peak = max([peak, *(mib for _, mib in sampler.samples)])
     peak_ratio = ratio(peak, startup)
     curve = {f"rss_mib_at_{p}pct": round(sampler.at_fraction(p / 100), 1) for p in (25, 50, 75)}
     figures = {

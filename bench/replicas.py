@@ -3,13 +3,13 @@ was still created exactly once.
 
 For each count, a fresh outbox of 100,000 rows and a reset emulator; the processes start
 paused, so that all of them are running when the drain is timed (see `Relays.drain`).
-The emulator keeps every job (it is not reset during these drains, unlike the others: its
-cost per request grows with them, the same for every count). Then its ledger is checked
-against the outbox: every id created exactly once
-(`created == 1`), and the set of ids on the sink equal to the outbox's. Baseline: one
-process; the headline is the rate of 4 over the rate of 1. On a machine with fewer cores
-than processes (plus PostgreSQL and the emulator), more processes cannot add CPU: read
-the ratio with the core count of the JSON line.
+The emulator keeps every job here (unlike in the other drains, it is not reset as it goes:
+its cost per request grows with them, the same for every count). Then its ledger is
+checked against the outbox: every id created exactly once (`created == 1`), and the set of
+ids on the sink equal to the outbox's. Baseline: one process; the headline is the rate of
+4 over the rate of 1. On a machine with fewer cores than processes (plus PostgreSQL and
+the emulator), more processes cannot add CPU: read the ratio with `cpus` and
+`busy_cores`.
 """
 
 from __future__ import annotations
