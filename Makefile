@@ -32,8 +32,15 @@ test: lint typecheck
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit
 
+# The benchmarks (bench/README.md): never part of `make test`, never pass or fail.
+# Arguments pass through: `make bench ARGS=--quick`, `make bench ARGS="drain backlog"`.
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(ARGS)
+
+# Every scenario at reduced sizes, in about two minutes.
+.PHONY: bench-quick
+bench-quick: $(STAMP)
+	$(BIN)/python -m bench --quick $(ARGS)
 
 # Re-pin the image's runtime dependencies to what .venv has (after upgrading it on purpose).
 constraints: $(STAMP)

@@ -1,143 +1,69 @@
-"""`make bench`: drain an outbox backlog three ways in one run and print ratios.
-(`python -m bench sampler` times the backlog sampler instead: bench/sampler.py.)
+"""`python -m bench [--quick] [SCENARIO ...]`: relayd's performance scenarios (bench/README.md).
 
-- one-row loop: the simplest outbox relay (SELECT one unsent row, POST it on a new
-  connection, mark it published), sequential: the baseline;
-- relayd per-row: `relayd run` with sink.batch = off;
-- relayd batch: `relayd run` with sink.batch = on.
-
-Each mode drains its own fresh outbox table on one embedded PostgreSQL, against one OJS
-emulator process. Figures vary with the machine; the ratios are the result. Never pass/fail.
+Every scenario runs against one embedded PostgreSQL and one OJS emulator process for the
+whole run, with relayd as real `relayd run` processes, and compares against a baseline
+measured in the same run. Each prints one JSON line (its name, parameters and every
+figure) and a short summary. Figures vary with the machine; the ratios are the result.
+Never pass/fail. `python -m bench sampler` times the backlog sampler instead
+(bench/sampler.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import shutil
+import os
 import sys
-import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import aiohttp
-import asyncpg
+from bench import backlog, drain, horizon, lag, memory, replicas
+from bench.harness import Bench, BenchError, Result, open_bench
 
-from relayd.migrate import connect_and_migrate
-from relayd.models import OutboxTable
-from relayd.producer import enqueue_many, new_job
-from relayd.testing.postgres import EmbeddedPostgres
-from relayd.testing.processes import emulator_process, free_port, relay_process
-
-LOOP_TIMEOUT_S = 600
-
-
-async def _outbox(dsn: str, name: str, rows: int) -> OutboxTable:
-    table = OutboxTable.parse(f"bench.{name}")
-    await connect_and_migrate(dsn, table)
-    conn = await asyncpg.connect(dsn)
-    try:
-        for start in range(0, rows, 1000):
-            jobs = [
-                new_job("bench.job", [{"n": n}], queue="bench")
-                for n in range(start, min(start + 1000, rows))
-            ]
-            async with conn.transaction():
-                await enqueue_many(conn, jobs, table=table)
-        await conn.execute(f"ANALYZE {table.qualified}")
-    finally:
-        await conn.close()
-    return table
+SCENARIOS: dict[str, Callable[[Bench], Awaitable[Result]]] = {
+    drain.NAME: drain.run,
+    lag.NAME: lag.run,
+    backlog.NAME: backlog.run,
+    horizon.NAME: horizon.run,
+    memory.NAME: memory.run,
+    replicas.NAME: replicas.run,
+}
 
 
-async def _one_row_loop(dsn: str, table: OutboxTable, sink_url: str) -> None:
-    """The simplest relay, in-process: one row at a time, a new HTTP connection each."""
-    conn = await asyncpg.connect(dsn)
-    connector = aiohttp.TCPConnector(force_close=True)
-    headers = {"Content-Type": "application/openjobspec+json"}
-    try:
-        async with aiohttp.ClientSession(connector=connector) as http:
-            while True:
-                raw = await conn.fetchval(
-                    f"SELECT job::text FROM {table.qualified} WHERE published_at IS NULL "
-                    "ORDER BY created_at, event_id LIMIT 1"
-                )
-                if raw is None:
-                    return
-                expected = json.loads(raw)
-                async with http.post(f"{sink_url}/ojs/v1/jobs", data=raw, headers=headers) as r:
-                    if r.status == 409:
-                        async with http.get(f"{sink_url}/ojs/v1/jobs/{expected['id']}") as g:
-                            await g.read()
-                    elif r.status >= 300:
-                        raise RuntimeError(f"one-row loop: HTTP {r.status}")
-                    await r.read()
-                await conn.execute(
-                    f"UPDATE {table.qualified} SET published_at = now() "
-                    "WHERE event_id = $1::uuid AND published_at IS NULL",
-                    expected["id"],
-                )
-    finally:
-        await conn.close()
-
-
-async def _wait_drained(dsn: str, table: OutboxTable) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        # The state lives in PostgreSQL, which cannot signal this loop: poll.
-        while await conn.fetchval(  # noqa: ASYNC110
-            f"SELECT EXISTS (SELECT 1 FROM {table.qualified} "
-            "WHERE published_at IS NULL AND dead_at IS NULL)"
-        ):
-            await asyncio.sleep(0.05)
-    finally:
-        await conn.close()
-
-
-async def _relayd(base: Path, dsn: str, table: OutboxTable, sink_url: str, batch: str) -> float:
-    async with relay_process(
-        base,
-        dsn,
-        sink_url,
-        free_port(),
-        RELAYD_OUTBOX__TABLE=str(table),
-        RELAYD_SINK__BATCH=batch,
-        RELAYD_LOG__LEVEL="warning",
-    ):
-        started = time.perf_counter()
-        await _wait_drained(dsn, table)
-        return time.perf_counter() - started
-
-
-async def _bench(rows: int, loop_rows: int) -> None:
-    base = Path(tempfile.mkdtemp(prefix="relayd-bench-"))
-    try:
-        with EmbeddedPostgres(base / "pg") as pg:
-            dsn = pg.dsn()
-            async with emulator_process(base) as sink_url:
-                results: list[tuple[str, int, float]] = []
-                table = await _outbox(dsn, "one_row_loop", loop_rows)
-                started = time.perf_counter()
-                await asyncio.wait_for(_one_row_loop(dsn, table, sink_url), LOOP_TIMEOUT_S)
-                results.append(("one-row loop", loop_rows, time.perf_counter() - started))
-                for name, batch in (("per_row", "off"), ("batch", "on")):
-                    table = await _outbox(dsn, name, rows)
-                    async with aiohttp.ClientSession() as http:
-                        await http.post(f"{sink_url}/_emulator/reset")
-                    elapsed = await _relayd(base, dsn, table, sink_url, batch)
-                    results.append((f"relayd {name.replace('_', '-')}", rows, elapsed))
-        _report(results)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def _report(results: list[tuple[str, int, float]]) -> None:
-    baseline = results[0][1] / results[0][2]
-    print(f"{'mode':<22}{'rows':>9}{'seconds':>10}{'rows/s':>10}{'vs loop':>10}")
-    for name, rows, seconds in results:
-        rate = rows / seconds
-        print(f"{name:<22}{rows:>9,}{seconds:>10.2f}{rate:>10,.0f}{rate / baseline:>9.1f}x")
+async def _run(names: list[str], *, quick: bool, keep: bool, out: Path | None, trace: bool) -> int:
+    failed = 0
+    started = time.perf_counter()
+    async with open_bench(quick=quick, keep=keep) as bench:
+        for name in names:
+            load_1m = os.getloadavg()[0]
+            began = time.perf_counter()
+            try:
+                result = await SCENARIOS[name](bench)
+            except Exception as exc:
+                if trace:
+                    raise
+                failed += 1
+                bench.keep = True  # the relays' logs say more than one line can
+                said = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
+                print(f"bench: {name}: {said}", file=sys.stderr, flush=True)
+                continue
+            result.elapsed_s = time.perf_counter() - began
+            line = result.json_line(quick=quick, load_1m=load_1m)
+            print(line)
+            for text in result.summary:
+                print(f"  {text}")
+            sys.stdout.flush()
+            if out is not None:
+                with out.open("a", encoding="utf-8") as sink:
+                    sink.write(line + "\n")
+    mode = "quick" if quick else "full"
+    print(
+        f"bench: {len(names) - failed} of {len(names)} scenarios ({mode}) "
+        f"in {time.perf_counter() - started:.0f} s",
+        flush=True,
+    )
+    return 1 if failed else 0
 
 
 def main() -> None:
@@ -147,11 +73,37 @@ def main() -> None:
         sampler(sys.argv[2:])
         return
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--rows", type=int, default=20_000, help="rows per relayd mode")
-    parser.add_argument("--loop-rows", type=int, default=2_000, help="rows for the baseline")
+    parser.add_argument(
+        "scenarios",
+        nargs="*",
+        metavar="SCENARIO",
+        help=f"one or more of {', '.join(SCENARIOS)} (default: all, in that order)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="reduced sizes: everything in about two minutes"
+    )
+    parser.add_argument("--out", type=Path, help="also append each JSON line to this file")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the run's directory (logs); kept on failure"
+    )
+    parser.add_argument(
+        "--traceback", action="store_true", help="stop at the first failure with a traceback"
+    )
     args = parser.parse_args()
-    asyncio.run(_bench(args.rows, args.loop_rows))
-    sys.stdout.flush()
+    unknown = [name for name in args.scenarios if name not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario {unknown[0]!r}: choose from {', '.join(SCENARIOS)}")
+    names = args.scenarios or list(SCENARIOS)
+    try:
+        code = asyncio.run(
+            _run(names, quick=args.quick, keep=args.keep, out=args.out, trace=args.traceback)
+        )
+    except BenchError as exc:  # the run's own set-up: PostgreSQL, the emulator
+        print(f"bench: {exc}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
 
 
 main()

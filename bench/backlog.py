@@ -1,0 +1,133 @@
+"""backlog: the cost of one claim + settle as the pending backlog grows.
+
+One outbox, filled in steps (INSERT ... SELECT ... generate_series, ids from
+relayd_uuidv7(), as bench/sampler.py) to 10,000, 1,000,000 and 5,000,000 pending rows, each
+step then vacuumed and analyzed (as autovacuum would be, long after the commit). At each
+step, `rounds` times: one claim of 100 rows (`Store.claim`, the statement relayd runs) then
+`Store.settle_published` of those rows, timed on the wall clock; the median is reported,
+with the claim's and the settle's own medians, and the ratio to the first step's.
+
+This is the one scenario (with `horizon`) that calls relayd's Store directly: the claim and
+the settle are exactly what `relayd run` sends, without HTTP in between. The rows a step's
+rounds publish are taken off its pending count; the next fill tops the backlog up.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import asyncpg
+
+from bench.harness import (
+    Bench,
+    BenchError,
+    Result,
+    drop_outbox,
+    fill,
+    median,
+    new_outbox,
+    ratio,
+)
+from relayd.models import OutboxTable
+from relayd.store import Store
+
+NAME = "backlog"
+STEPS = {"full": (10_000, 1_000_000, 5_000_000), "quick": (10_000, 200_000)}
+ROUNDS = 50
+CLAIM_ROWS = 100
+LEASE_S = 30.0  # relay.lease_s's default
+
+
+async def claim_settle_ms(store: Store, rounds: int) -> tuple[float, float, float, int]:
+    """Median wall ms of claim+settle, of the claim alone, of the settle alone, over
+    `rounds` rounds after one untimed warm-up round (the prepared statements, the cache);
+    also the rows published."""
+    published = 0
+    totals, claims, settles = [], [], []
+    for index in range(rounds + 1):
+        owner = uuid.uuid4()
+        started = time.perf_counter()
+        rows = await store.claim(CLAIM_ROWS, owner, LEASE_S)
+        claimed = time.perf_counter()
+        ids = [row.event_id for row in rows]
+        settled = await store.settle_published(owner, ids, ["available"] * len(ids))
+        ended = time.perf_counter()
+        if len(rows) != CLAIM_ROWS or len(settled) != len(rows):
+            raise BenchError(
+                f"a claim of {CLAIM_ROWS} returned {len(rows)} rows and settled "
+                f"{len(settled)}: the backlog ran out, or another relay is running"
+            )
+        published += len(settled)
+        if index:  # the first round warms up
+            totals.append(ended - started)
+            claims.append(claimed - started)
+            settles.append(ended - claimed)
+    return median(totals) * 1000, median(claims) * 1000, median(settles) * 1000, published
+
+
+async def open_store(bench: Bench, table: OutboxTable) -> Store:
+    # A long statement timeout: measuring, not bounding, a slow claim.
+    return await Store.connect(bench.dsn, table, max_size=2, statement_timeout_s=600)
+
+
+async def run(bench: Bench) -> Result:
+    steps = STEPS["quick" if bench.quick else "full"]
+    table = await new_outbox(bench, NAME)
+    conn = await asyncpg.connect(bench.dsn)
+    # The embedded server commits asynchronously (synchronous_commit = off), and VACUUM
+    # cannot mark a page all-visible until the commit of its rows is flushed: right after a
+    # fill, every index-only scan would then visit the table. A real outbox is vacuumed long
+    # after its rows were committed.
+    await conn.execute("SET synchronous_commit = on")
+    store = await open_store(bench, table)
+    measured: list[dict[str, float]] = []
+    try:
+        filled, pending = 0, 0
+        for target in steps:
+            started = time.perf_counter()
+            await fill(conn, table, filled + 1, filled + target - pending)
+            filled += target - pending
+            await conn.execute(f"VACUUM (ANALYZE) {table.qualified}")
+            fill_s = time.perf_counter() - started
+            total, claim, settle, published = await claim_settle_ms(store, ROUNDS)
+            measured.append(
+                {
+                    "pending": target,
+                    "fill_and_vacuum_s": round(fill_s, 1),
+                    "claim_settle_ms": round(total, 3),
+                    "claim_ms": round(claim, 3),
+                    "settle_ms": round(settle, 3),
+                }
+            )
+            pending = target - published
+    finally:
+        await store.close()
+        await conn.close()
+        await drop_outbox(bench, table)
+    first = measured[0]
+    for step in measured:
+        step["vs_first"] = ratio(step["claim_settle_ms"], first["claim_settle_ms"])
+    summary = [
+        f"{'pending rows':>13}{'claim+settle ms':>17}{'claim ms':>10}{'settle ms':>11}"
+        f"{'vs first':>10}{'fill s':>8}"
+    ]
+    for step in measured:
+        summary.append(
+            f"{step['pending']:>13,}{step['claim_settle_ms']:>17.2f}{step['claim_ms']:>10.2f}"
+            f"{step['settle_ms']:>11.2f}{step['vs_first']:>9.2f}x{step['fill_and_vacuum_s']:>8.1f}"
+        )
+    last = measured[-1]
+    return Result(
+        scenario=NAME,
+        params={
+            "steps": list(steps),
+            "rounds": ROUNDS,
+            "claim_rows": CLAIM_ROWS,
+            "statistic": "median wall time of one claim + settle",
+        },
+        baseline=f"the same measurement at {first['pending']:,} pending rows, same run",
+        headline={f"claim_settle_{last['pending']}_vs_{first['pending']}": last["vs_first"]},
+        figures={"steps": measured},
+        summary=summary,
+    )

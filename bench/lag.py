@@ -1,0 +1,219 @@
+"""lag: commit-to-publish latency under a steady producer load, at two rates.
+
+A running relayd (batch mode, every other setting at its default) on an empty outbox;
+producers in this process commit 10 rows per transaction (relayd.producer.enqueue_many, as
+an application would) at a steady total rate, for a fixed time. Several producer tasks,
+each on its own connection and its own slot of a fixed schedule, so that one slow commit
+delays only its own task; a task that falls behind commits at once until it catches up,
+and how late it ran is reported.
+
+The lag of a row is `published_at - created_at`, both stamped by PostgreSQL (no clock of
+this process is involved), over the rows committed after a warm-up second. `created_at` is
+the producer transaction's start, so a lag includes the producer's own insert and commit
+round trips: their p99 is reported too, as what that adds at most.
+
+Baseline: the same measurement at the lower rate (1,000 rows/s); the headline is p99 at
+5,000 rows/s over p99 at 1,000 rows/s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from bench.harness import (
+    Bench,
+    Result,
+    drain_timeout_s,
+    drop_outbox,
+    new_outbox,
+    percentile,
+    ratio,
+    require_no_dead_letters,
+    reset_emulator,
+    sink_kept_small,
+    start_relays,
+    wait_drained,
+    warnings_line,
+)
+from relayd.models import OutboxTable
+from relayd.producer import enqueue_many, new_job
+
+NAME = "lag"
+RATES = (1_000, 5_000)  # rows/s; the first is the baseline
+SECONDS = {"full": 60.0, "quick": 10.0}
+ROWS_PER_COMMIT = 10
+PRODUCERS = 8
+WARMUP_S = 1.0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When the producers commit: `rate` rows/s in all, from `start_at` to `end_at` (loop
+    time), each of PRODUCERS tasks on its own interleaved slots."""
+
+    rate: int
+    start_at: float
+    end_at: float
+
+
+async def _producer(
+    conn: asyncpg.Connection, table: OutboxTable, index: int, schedule: Schedule
+) -> tuple[int, float, list[float]]:
+    """One producer task: commits of ROWS_PER_COMMIT rows on its share of the schedule.
+    Returns rows committed, how late the latest commit started (s), and each
+    transaction's duration (s)."""
+    loop = asyncio.get_running_loop()
+    interval = PRODUCERS * ROWS_PER_COMMIT / schedule.rate
+    due = schedule.start_at + index * ROWS_PER_COMMIT / schedule.rate  # slots interleave
+    rows, latest, durations = 0, 0.0, []
+    while due < schedule.end_at:
+        delay = due - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            latest = max(latest, -delay)
+        jobs = [
+            new_job("bench.lag", [{"producer": index, "n": rows + i}], queue="bench")
+            for i in range(ROWS_PER_COMMIT)
+        ]
+        began = loop.time()
+        async with conn.transaction():
+            await enqueue_many(conn, jobs, table=table)
+        durations.append(loop.time() - began)
+        rows += ROWS_PER_COMMIT
+        due += interval
+    return rows, latest, durations
+
+
+async def measure(bench: Bench, rate: int, seconds: float) -> dict[str, Any]:
+    """Produce at `rate` rows/s for `seconds` into a running relayd; the lag figures."""
+    table = await new_outbox(bench, f"lag_{rate}")
+    await reset_emulator(bench)
+    async with start_relays(bench, table, NAME) as relays, sink_kept_small(bench):
+        producers = [await asyncpg.connect(bench.dsn) for _ in range(PRODUCERS)]
+        try:
+            cpu0 = relays.cpu_s()
+            start_at = asyncio.get_running_loop().time()
+            schedule = Schedule(rate, start_at, start_at + seconds)
+            async with asyncio.TaskGroup() as group:
+                tasks = [
+                    group.create_task(_producer(conn, table, i, schedule))
+                    for i, conn in enumerate(producers)
+                ]
+        finally:
+            for conn in producers:
+                await conn.close()
+        produced = sum(t.result()[0] for t in tasks)
+        latest = max(t.result()[1] for t in tasks)
+        durations = [d for t in tasks for d in t.result()[2]]
+        conn = await asyncpg.connect(bench.dsn)
+        try:
+            tail_started = time.perf_counter()
+            await wait_drained(conn, relays, drain_timeout_s(produced))
+            tail_s = time.perf_counter() - tail_started
+            cpu_s = relays.cpu_s() - cpu0
+            await require_no_dead_letters(conn, table)
+            lags_ms, waits_ms, sends_ms = await _lags_ms(conn, table)
+            slowest = await _slowest_seconds(conn, table)
+        finally:
+            await conn.close()
+        warnings = relays.warnings()
+    await drop_outbox(bench, table)
+    return {
+        "target_rows_per_s": rate,
+        "achieved_rows_per_s": round(produced / seconds, 1),
+        "rows_measured": len(lags_ms),
+        "p50_ms": round(percentile(lags_ms, 50), 2),
+        "p99_ms": round(percentile(lags_ms, 99), 2),
+        "max_ms": round(max(lags_ms, default=float("nan")), 2),
+        "claim_wait_p99_ms": round(percentile(waits_ms, 99), 2),
+        "claim_to_publish_p99_ms": round(percentile(sends_ms, 99), 2),
+        "producer_latest_start_ms": round(latest * 1000, 1),
+        "producer_txn_p99_ms": round(percentile(durations, 99) * 1000, 2),
+        "drain_after_producers_s": round(tail_s, 2),
+        "relay_cpu_share": round(cpu_s / (seconds + tail_s), 3),
+        "slowest_seconds": slowest,
+        "relay_warnings": warnings,
+    }
+
+
+async def _lags_ms(
+    conn: asyncpg.Connection, table: OutboxTable
+) -> tuple[list[float], list[float], list[float]]:
+    """Commit-to-publish of the rows created after the warm-up, by the database's clock,
+    and its two parts: commit to the claim that published the row (`last_attempt_at`, set
+    by the claim), and that claim to `published_at` (the POST and the settle)."""
+    rows = await conn.fetch(
+        "SELECT extract(epoch FROM o.published_at) - extract(epoch FROM o.created_at) AS lag,"
+        " extract(epoch FROM o.last_attempt_at) - extract(epoch FROM o.created_at) AS wait"
+        f" FROM {table.qualified} AS o, (SELECT min(created_at) + make_interval(secs => $1)"
+        f" AS since FROM {table.qualified}) AS w WHERE o.created_at >= w.since",
+        WARMUP_S,
+    )
+    lags = [float(r["lag"]) * 1000 for r in rows]
+    waits = [float(r["wait"]) * 1000 for r in rows if r["wait"] is not None]
+    sends = [(float(r["lag"]) - float(r["wait"])) * 1000 for r in rows if r["wait"] is not None]
+    return lags, waits, sends
+
+
+async def _slowest_seconds(conn: asyncpg.Connection, table: OutboxTable) -> list[dict[str, float]]:
+    """The three seconds of the run (by created_at, from its first row) whose rows waited
+    longest: a steady lag shows as many alike, a stall as one or two far above the rest."""
+    rows = await conn.fetch(
+        "SELECT floor(extract(epoch FROM o.created_at - w.t0))::int AS second,"
+        " max(extract(epoch FROM o.published_at) - extract(epoch FROM o.created_at)) * 1000"
+        " AS max_ms, count(*) AS rows"
+        f" FROM {table.qualified} AS o, (SELECT min(created_at) AS t0 FROM {table.qualified})"
+        " AS w GROUP BY 1 ORDER BY 2 DESC LIMIT 3"
+    )
+    return [
+        {"second": r["second"], "max_ms": round(float(r["max_ms"]), 1), "rows": r["rows"]}
+        for r in rows
+    ]
+
+
+async def run(bench: Bench) -> Result:
+    seconds = SECONDS["quick" if bench.quick else "full"]
+    results = {rate: await measure(bench, rate, seconds) for rate in RATES}
+    low, high = RATES
+    base = results[low]
+    summary = [
+        f"{'rows/s':>8}{'achieved':>10}{'rows':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
+        f"{'p99 vs ' + str(low):>13}{'producer txn p99 ms':>21}"
+    ]
+    for rate, f in results.items():
+        summary.append(
+            f"{rate:>8,}{f['achieved_rows_per_s']:>10,.0f}{f['rows_measured']:>9,}"
+            f"{f['p50_ms']:>9.1f}{f['p99_ms']:>9.1f}{f['max_ms']:>9.1f}"
+            f"{ratio(f['p99_ms'], base['p99_ms']):>12.2f}x{f['producer_txn_p99_ms']:>21.1f}"
+        )
+    for rate, f in results.items():
+        worst = f["slowest_seconds"][0] if f["slowest_seconds"] else None
+        if worst is not None:
+            summary.append(
+                f"{rate:,} rows/s: slowest second {worst['second']} "
+                f"(rows created then waited up to {worst['max_ms']:.0f} ms)"
+            )
+        summary += [f"{rate:,} rows/s: {line}" for line in warnings_line(f["relay_warnings"])]
+    return Result(
+        scenario=NAME,
+        params={
+            "rates": list(RATES),
+            "seconds": seconds,
+            "rows_per_commit": ROWS_PER_COMMIT,
+            "producers": PRODUCERS,
+            "warmup_s": WARMUP_S,
+        },
+        baseline=f"the same measurement at {low:,} rows/s, same run",
+        headline={
+            f"p99_{high}_vs_{low}": ratio(results[high]["p99_ms"], base["p99_ms"]),
+            f"p50_{high}_vs_{low}": ratio(results[high]["p50_ms"], base["p50_ms"]),
+        },
+        figures={f"rate_{rate}": f for rate, f in results.items()},
+        summary=summary,
+    )
