@@ -3,9 +3,10 @@
 One outbox, filled in steps (INSERT ... SELECT ... generate_series, ids from
 relayd_uuidv7(), as bench/sampler.py) to 10,000, 1,000,000 and 5,000,000 pending rows, each
 step then vacuumed and analyzed (as autovacuum would be, long after the commit). At each
-step, `rounds` times: one claim of 100 rows (`Store.claim`, the statement relayd runs) then
-`Store.settle_published` of those rows, timed on the wall clock; the median is reported,
-with the claim's and the settle's own medians, and the ratio to the first step's.
+step, `rounds` times: one claim of 100 rows (`Store.claim_from` at the watermark, as relayd
+runs it) then `Store.settle_published` of those rows, timed on the wall clock; the median
+is reported, with the claim's and the settle's own medians, and the ratio to the first
+step's.
 
 This is the one scenario (with `horizon`) that calls relayd's Store directly: the claim and
 the settle are exactly what `relayd run` sends, without HTTP in between. The rows a step's
@@ -31,6 +32,7 @@ from bench.harness import (
 )
 from relayd.models import OutboxTable
 from relayd.store import Store
+from relayd.watermark import Watermark
 
 NAME = "backlog"
 STEPS = {"full": (10_000, 1_000_000, 5_000_000), "quick": (10_000, 200_000)}
@@ -41,25 +43,37 @@ LEASE_S = 30.0  # relay.lease_s's default
 
 async def claim_settle_ms(store: Store, rounds: int) -> tuple[float, float, float, int]:
     """Median wall ms of claim+settle, of the claim alone, of the settle alone, over
-    `rounds` rounds after one untimed warm-up round (the prepared statements, the cache);
-    also the rows published."""
+    `rounds` rounds after two untimed warm-up rounds; also the rows published.
+
+    The claims start where a relay's would: at the watermark (relayd/watermark.py). The
+    warm-up rounds read the whole index (the first claim has no marks yet, the second
+    not the writers' mark of a previous one) and prepare the statements; the timed rounds
+    are the claims a relay makes between its full scans.
+    """
+    watermark = Watermark(full_scan_every_s=float("inf"))
+    warm_up = 2
     published = 0
     totals, claims, settles = [], [], []
-    for index in range(rounds + 1):
+    for index in range(rounds + warm_up):
         owner = uuid.uuid4()
         started = time.perf_counter()
-        rows = await store.claim(CLAIM_ROWS, owner, LEASE_S)
+        batch = await store.claim_from(
+            CLAIM_ROWS, owner, LEASE_S, watermark.for_claim(time.monotonic())
+        )
         claimed = time.perf_counter()
-        ids = [row.event_id for row in rows]
+        watermark.advance(batch)
+        ids = [row.event_id for row in batch.rows]
         settled = await store.settle_published(owner, ids, ["available"] * len(ids))
         ended = time.perf_counter()
-        if len(rows) != CLAIM_ROWS or len(settled) != len(rows):
+        if len(batch.rows) != CLAIM_ROWS or len(settled) != len(ids):
             raise BenchError(
-                f"a claim of {CLAIM_ROWS} returned {len(rows)} rows and settled "
+                f"a claim of {CLAIM_ROWS} returned {len(batch.rows)} rows and settled "
                 f"{len(settled)}: the backlog ran out, or another relay is running"
             )
         published += len(settled)
-        if index:  # the first round warms up
+        if index >= warm_up:
+            if watermark.scan_from is None:
+                raise BenchError("the watermark did not advance: writers hidden from the role?")
             totals.append(ended - started)
             claims.append(claimed - started)
             settles.append(ended - claimed)

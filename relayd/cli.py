@@ -169,7 +169,18 @@ def _run(args: argparse.Namespace) -> int:
     from relayd.daemon import run_daemon  # noqa: PLC0415 - keeps `config show` light
 
     settings = _settings(args)
+    _arm_failpoints()
     return _event_loop_runner()(run_daemon(settings))
+
+
+def _arm_failpoints() -> None:
+    """Arm the fault tests' failpoints, if $RELAYD_TEST_FAILPOINTS names any."""
+    from relayd import failpoints  # noqa: PLC0415
+
+    try:
+        failpoints.arm()
+    except failpoints.FailpointSpecError as exc:
+        raise ConfigError(failpoints.ENV, str(exc)) from None
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, int]], int]:
@@ -394,6 +405,7 @@ def _emulator(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise ConfigError("emulator", str(exc)) from None
+    _arm_failpoints()
     serve(host, port, config)
     return EXIT_OK
 

@@ -37,7 +37,7 @@ from relayd.sinks.ojs import OjsSink
 from relayd.status import build_report, report_json
 from relayd.store import Store
 from relayd.storm import StormGuard
-from relayd.wakeup import Wakeup
+from relayd.wakeup import WorkSignal
 from relayd.web import make_app, start_web
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ class Daemon:
         self.stopping = asyncio.Event()
         self.ready = asyncio.Event()
         self.workers: list[RelayWorker] = []
-        self._wakeup = Wakeup()
+        self._wakeup = WorkSignal()
         self._database = DatabaseRetry(
             Backoff(base_s=reconnect.BASE_S, cap_s=reconnect.CAP_S, rng=self._rng), self.metrics
         )
@@ -110,7 +110,7 @@ class Daemon:
         )
         for worker in self.workers:
             worker.cut_deadline(grace_ends)
-        self._wakeup.notify()
+        self._wakeup.close()
         if self._gate is not None:
             self._gate.wake_all()
         if self._hard_stop is not None:

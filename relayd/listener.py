@@ -1,4 +1,4 @@
-"""The outbox trigger's NOTIFY, fed into a `Wakeup` over a dedicated LISTEN connection that
+"""The outbox trigger's NOTIFY, fed into a `WorkSignal` over a dedicated LISTEN connection that
 reconnects through the database-outage policy (relay.listen = true)."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from relayd.errors import DatabaseUnavailable
 from relayd.logs import get_logger
 from relayd.reconnect import DatabaseRetry
 from relayd.store import Store
-from relayd.wakeup import Wakeup
+from relayd.wakeup import WorkSignal
 
 # How often the LISTEN connection proves it is alive (a silently dead TCP peer never closes).
 _LISTEN_PING_S = 30.0
 
 
 async def listen_for_inserts(
-    store: Store, wakeup: Wakeup, stopping: asyncio.Event, database: DatabaseRetry
+    store: Store, wakeup: WorkSignal, stopping: asyncio.Event, database: DatabaseRetry
 ) -> None:
     """Relay the outbox channel's notifications into `wakeup` until `stopping` is set,
     reconnecting through `database`'s policy when the connection is lost."""

@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from relayd import failpoints
 from relayd.config import Settings
 from relayd.errors import DatabaseUnavailable, StatementError, WorkerCrashed
 from relayd.logs import get_logger
@@ -56,7 +57,7 @@ from relayd.settlement import (
 from relayd.sinks import Sink
 from relayd.store import Store
 from relayd.storm import StormGuard
-from relayd.wakeup import Wakeup
+from relayd.wakeup import Wakeup, WorkSignal
 from relayd.watermark import Watermark
 
 # An idle worker never sleeps less than this, even when a row is due "now" but was locked by
@@ -126,7 +127,7 @@ class RelayContext:
     store: Store
     sink: Sink
     gate: BreakerGate
-    wakeup: Wakeup
+    wakeup: WorkSignal
     stopping: asyncio.Event
     metrics: RelayMetrics
     backoff: Backoff
@@ -174,7 +175,6 @@ class RelayWorker:
             permit = await self._ctx.gate.acquire()
             if permit is None:
                 break
-            snapshot = self._ctx.wakeup.snapshot()
             try:
                 found_work = await self.cycle(permit)
             except DatabaseUnavailable as exc:
@@ -189,7 +189,7 @@ class RelayWorker:
                 continue
             db_failures = 0
             if not found_work:
-                await self.wait_for_work(snapshot)
+                await self.wait_for_work()
 
     async def cycle(self, permit: Permit) -> bool:
         """One claim -> publish -> settle; False when there was nothing to claim.
@@ -200,13 +200,20 @@ class RelayWorker:
         """
         step, held = "claim", []
         try:
-            claim = await self.claim(1 if permit is Permit.PROBE else self._relay.batch_size)
+            limit = 1 if permit is Permit.PROBE else self._relay.batch_size
+            claim = await self.claim(limit)
             if not claim.rows:
                 return False
+            if len(claim.rows) == limit:
+                self._ctx.wakeup.notify()  # more may be due: another idle worker joins in
             held = [row.event_id for row in claim.rows]
+            if failpoints.ARMED:
+                await failpoints.reach("after_claim")
             step = "publish"
             outcomes = await self.publish(claim)
             step = "settle"
+            if failpoints.ARMED and any(isinstance(o, Published) for o in outcomes.values()):
+                await failpoints.reach("after_2xx")
             await self.settle(claim, outcomes)
             return True
         except (DatabaseUnavailable, WorkerCrashed):
@@ -261,7 +268,7 @@ class RelayWorker:
             answered_at=answered_at,
         )
 
-    async def wait_for_work(self, snapshot: asyncio.Event) -> None:
+    async def wait_for_work(self) -> None:
         """Sleep until a notification, the next due row, the poll interval, or stop.
 
         The next-due query is only a hint: whatever it answers (an error, NULL, an infinite
@@ -279,7 +286,7 @@ class RelayWorker:
                 return
         if due_s is not None and not math.isnan(due_s):
             timeout_s = min(timeout_s, max(due_s, _MIN_IDLE_S))
-        await self._ctx.wakeup.wait(snapshot, timeout_s)
+        await self._ctx.wakeup.wait(timeout_s)
 
     # --- publish -------------------------------------------------------------------------
 
@@ -344,6 +351,10 @@ class RelayWorker:
                 or loop.time() > claim.start_by
             ):
                 return {row.event_id: NotStarted() for row in rows}
+            if failpoints.ARMED:
+                # After the start-by check: a pause here past the lease leaves the sink's own
+                # check (send_by) as the one that must hold.
+                await failpoints.reach("before_post")
             started, timer = loop.time(), time.perf_counter()
             deadline = min(started + self._ctx.settings.sink.timeout_s, self._grace_ends)
             try:
@@ -373,6 +384,8 @@ class RelayWorker:
 
     async def settle(self, claim: Claim, outcomes: dict[str, Outcome]) -> None:
         """Record every outcome with fenced UPDATEs, shielded from cancellation."""
+        if failpoints.ARMED and self._ctx.stopping.is_set():
+            await failpoints.reach("during_drain")
         storm = self._ctx.storm
         if storm.observe(outcomes.values(), asyncio.get_running_loop().time()):
             await self._pause_for_storm()
@@ -415,6 +428,8 @@ class RelayWorker:
         self._ctx.storm.tripped_at = asyncio.get_running_loop().time()
 
     async def _write(self, claim: Claim, settlement: SettlementPlan) -> None:
+        if failpoints.ARMED:
+            await failpoints.reach("before_settle")
         store, owner = self._ctx.store, claim.owner
         published, retried = settlement.published, settlement.retried
         dead, released = settlement.dead, settlement.released

@@ -1,13 +1,15 @@
 """How idle loops sleep: until notified, a deadline, or stop, never by ticking.
 
-`Wakeup` is a broadcast signal. A waiter takes a `snapshot()` *before* it looks for work and
-waits on that snapshot, so a notification that lands while it was looking is not lost.
+`WorkSignal` wakes the relay workers one at a time. `Wakeup` is a broadcast signal: a waiter
+takes a `snapshot()` *before* it looks for work and waits on that snapshot, so a notification
+that lands while it was looking is not lost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 
 
 class Wakeup:
@@ -36,3 +38,67 @@ async def wait_event(event: asyncio.Event, timeout_s: float | None) -> bool:
         async with asyncio.timeout(timeout_s):
             await event.wait()
     return event.is_set()
+
+
+class WorkSignal:
+    """New rows for a set of workers, woken one at a time.
+
+    Every outbox commit notifies; waking every idle worker for each would send one claim per
+    worker per commit, all but one finding nothing (and each then asking when the next row
+    is due): under load the database spends its time on empty claims. So `notify()` wakes
+    the longest-idle worker alone, or, when every worker is busy, leaves one token that the
+    next worker to go idle takes instead of sleeping. Either way a claim starts after the
+    notification arrived, so it sees the committed rows. A worker whose claim came back full
+    calls `notify()` itself: more rows may wait, and another worker joins in.
+    """
+
+    def __init__(self) -> None:
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._token = False
+        self._closed = False
+
+    def notify(self) -> None:
+        """Wake one waiting worker, or keep a token for the next one to wait."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._token = True
+
+    def close(self) -> None:
+        """Wake every waiter, now and from now on (the process is stopping)."""
+        self._closed = True
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(self, timeout_s: float | None) -> bool:
+        """Wait for a notification (True) or `timeout_s` (False)."""
+        if self._closed:
+            return True
+        if self._token:
+            self._token = False
+            return True
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await waiter
+        except TimeoutError:
+            pass
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.notify()  # woken, then cancelled: the notification goes to another
+            raise
+        finally:
+            woken = waiter.done() and not waiter.cancelled()
+            if not woken:
+                # Timed out or cancelled: leave the queue, so that idle workers timing out
+                # for days without a notification do not pile up in it.
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+        # The timeout may fire just after notify() chose this waiter: it still counts.
+        return woken

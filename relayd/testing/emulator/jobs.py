@@ -109,8 +109,9 @@ class Job:
     lease_token: str | None = None
     lease_expires_at: float | None = None
 
-    def view(self) -> dict[str, Any]:
-        """The job as GET shows it (a fresh copy)."""
+    def view(self, *, fresh: bool = True) -> dict[str, Any]:
+        """The job as GET shows it: a fresh copy, or (`fresh=False`, for an answer encoded at
+        once) a dict that shares the job's values."""
         out: dict[str, Any] = {
             "id": self.id,
             "type": self.type,
@@ -159,7 +160,7 @@ class Job:
         # Unknown fields are written last, as the reference MarshalJSON does: a top-level
         # `queue` or `priority` sent flat-envelope style shadows the real one in the output.
         out.update(self.unknown)
-        return copy.deepcopy(out)
+        return copy.deepcopy(out) if fresh else out
 
 
 # --- parsing an enqueue request ----------------------------------------------------------

@@ -3,7 +3,6 @@ events."""
 
 from __future__ import annotations
 
-import copy
 import re
 from typing import Any
 
@@ -21,6 +20,7 @@ from relayd.testing.emulator.wire import (
     Reject,
     Reply,
     Route,
+    dumps,
     invalid,
     not_found,
 )
@@ -59,7 +59,8 @@ class ProducerEndpoints:
         if conflict is not None:
             raise conflict
         state.store(job, now)
-        return Reply(201, {"job": job.view()}, {"Location": f"/ojs/v1/jobs/{job.id}"})
+        body = dumps({"job": job.view(fresh=False)})
+        return Reply(201, None, {"Location": f"/ojs/v1/jobs/{job.id}"}, raw=body)
 
     def enqueue_batch(self, call: Call) -> Reply:
         """POST /ojs/v1/jobs/batch, all or nothing or item by item (`batch_atomic`)."""
@@ -79,8 +80,9 @@ class ProducerEndpoints:
             jobs = self._store_all_or_none(items, now)
         else:
             jobs = self._store_one_by_one(items, now)
-        views = [job.view() for job in jobs]
-        return Reply(201, {"jobs": views, "count": len(views)})
+        # Encoded at once: a fault may delay the answer while workers change the jobs.
+        views = [job.view(fresh=False) for job in jobs]
+        return Reply(201, None, raw=dumps({"jobs": views, "count": len(views)}))
 
     def _store_all_or_none(self, items: list[Any], now: float) -> list[Job]:
         """Validate and check every item, then store them all."""
@@ -213,10 +215,9 @@ class ProducerEndpoints:
         events = [
             event
             for event in self.state.events
-            if (not types or event["type"] in types)
-            and (not queues or event["data"]["queue"] in queues)
+            if (not types or event.kind in types) and (not queues or event.data["queue"] in queues)
         ]
-        return Reply(200, {"events": copy.deepcopy(events[:limit])})
+        return Reply(200, {"events": [event.view() for event in events[:limit]]})
 
 
 def _batch_item_invalid(exc: Reject, index: int, *, own_status: bool) -> Reject:

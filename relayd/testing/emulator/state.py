@@ -3,6 +3,7 @@ the ledger, on a clock tests can move; and the transitions every endpoint shares
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import heapq
 import itertools
@@ -19,7 +20,7 @@ from relayd.testing.emulator.wire import Reject, format_time, internal_error
 _EVENT_HISTORY = 10_000
 
 
-@dataclass
+@dataclass(slots=True)
 class Counts:
     """The ledger's running counts for one job id (see the package docstring)."""
 
@@ -31,6 +32,28 @@ class Counts:
     gets: int = 0
     deliveries: int = 0
     purged: bool = False
+
+
+@dataclass(slots=True)
+class Event:
+    """One event as recorded; its id and time are drawn when it is first shown (most are
+    never read, and a busy emulator records one per job)."""
+
+    kind: str
+    at: float
+    data: dict[str, Any]
+    _shown: dict[str, Any] | None = None
+
+    def view(self) -> dict[str, Any]:
+        """The event as GET /ojs/v1/events shows it (a fresh copy; the same id every time)."""
+        if self._shown is None:
+            self._shown = {
+                "id": uuid7(self.at),
+                "type": self.kind,
+                "time": format_time(self.at),
+                "data": self.data,
+            }
+        return copy.deepcopy(self._shown)
 
 
 @dataclass(frozen=True)
@@ -74,7 +97,7 @@ class EmulatorState:
         self._ready: dict[str, list[tuple[int, int, int, str]]] = {}
         # (deadline, version, id): promotion, lease expiry and purge, applied lazily.
         self._timers: list[tuple[float, int, str]] = []
-        self.events: deque[dict[str, Any]] = deque(maxlen=_EVENT_HISTORY)
+        self.events: deque[Event] = deque(maxlen=_EVENT_HISTORY)
 
     def now(self) -> float:
         """The emulator's clock (epoch seconds), including any advance."""
@@ -178,11 +201,10 @@ class EmulatorState:
     def event(self, kind: str, job: Job, now: float, **data: Any) -> None:
         """Record an event for GET /ojs/v1/events (the most recent ones are kept)."""
         self.events.append(
-            {
-                "id": uuid7(now),
-                "type": kind,
-                "time": format_time(now),
-                "data": {
+            Event(
+                kind,
+                now,
+                {
                     "job_id": job.id,
                     "job_type": job.type,
                     "queue": job.queue,
@@ -190,7 +212,7 @@ class EmulatorState:
                     "state": job.state,
                     **data,
                 },
-            }
+            )
         )
 
     def conflict(self, job: Job, earlier_queues: dict[str, str]) -> Reject | None:

@@ -3,7 +3,9 @@ request as an endpoint sees it (`Call`) and its answer (`Reply`), JSON, times an
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,8 +42,15 @@ DEFAULT_CODES = {
 
 def format_time(epoch_s: float) -> str:
     """RFC 3339 UTC with milliseconds, like the reference servers."""
-    moment = datetime.fromtimestamp(epoch_s, UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    return _format_millis(math.floor(epoch_s * 1000))
+
+
+@functools.lru_cache(maxsize=4096)
+def _format_millis(millis: int) -> str:
+    """Cached: a batch stamps every job, and every event, with the same millisecond."""
+    seconds, rest = divmod(millis, 1000)
+    moment = datetime.fromtimestamp(seconds, UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{rest:03d}Z"
 
 
 def parse_duration_s(text: str) -> float:
@@ -209,7 +218,8 @@ class Call:
 
 @dataclass
 class Reply:
-    """An endpoint's answer: status and JSON body (or `raw` bytes), extra headers."""
+    """An endpoint's answer: status and JSON body (or `raw` bytes, already encoded: a
+    fault's body, or an answer that shares values with the stored jobs), extra headers."""
 
     status: int
     body: Any
