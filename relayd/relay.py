@@ -176,7 +176,7 @@ class RelayWorker:
             if permit is None:
                 break
             try:
-                found_work = await self.cycle(permit)
+                more_due = await self.cycle(permit)
             except DatabaseUnavailable as exc:
                 db_failures += 1
                 await self._ctx.database.wait(
@@ -188,11 +188,14 @@ class RelayWorker:
                 )
                 continue
             db_failures = 0
-            if not found_work:
+            if not more_due:
                 await self.wait_for_work()
 
     async def cycle(self, permit: Permit) -> bool:
-        """One claim -> publish -> settle; False when there was nothing to claim.
+        """One claim -> publish -> settle; True if more rows may be due now: the claim came
+        back full. A claim that came back short took every row due when it ran (bar those
+        other claims held), so the worker waits for the next notification or due row
+        instead of claiming again at once (an empty claim per cycle under a steady load).
 
         `DatabaseUnavailable` (the connection's problem) propagates for `run` to retry; any
         other failure is relayd's own and becomes `WorkerCrashed`, naming the step, the
@@ -204,7 +207,8 @@ class RelayWorker:
             claim = await self.claim(limit)
             if not claim.rows:
                 return False
-            if len(claim.rows) == limit:
+            full = len(claim.rows) == limit
+            if full:
                 self._ctx.wakeup.notify()  # more may be due: another idle worker joins in
             held = [row.event_id for row in claim.rows]
             if failpoints.ARMED:
@@ -215,7 +219,7 @@ class RelayWorker:
             if failpoints.ARMED and any(isinstance(o, Published) for o in outcomes.values()):
                 await failpoints.reach("after_2xx")
             await self.settle(claim, outcomes)
-            return True
+            return full
         except (DatabaseUnavailable, WorkerCrashed):
             raise
         except Exception as exc:
@@ -274,6 +278,8 @@ class RelayWorker:
         The next-due query is only a hint: whatever it answers (an error, NULL, an infinite
         or NaN time from a row parked by hand), the worker sleeps at most the poll interval.
         """
+        if self._ctx.wakeup.take():
+            return  # rows were committed while this worker was busy: claim them now
         timeout_s = self._relay.poll_interval_s
         try:
             due_s = await self._ctx.store.next_due_s(self._watermark.scan_from)

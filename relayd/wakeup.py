@@ -66,6 +66,14 @@ class WorkSignal:
                 return
         self._token = True
 
+    def take(self) -> bool:
+        """Take the kept token, if there is one (or the signal is closed): True means claim
+        again now, without waiting."""
+        if self._closed:
+            return True
+        token, self._token = self._token, False
+        return token
+
     def close(self) -> None:
         """Wake every waiter, now and from now on (the process is stopping)."""
         self._closed = True

@@ -1,11 +1,15 @@
-"""Fixtures for fault tests: a cuttable, slowable TCP path to the test database."""
+"""Fixtures for fault tests: a cuttable, slowable TCP path to the test database, and the
+scene of the process-level scenarios (tests/faults/harness.py)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
+from tests.faults.harness import Scene
+from tests.faults.harness import scene as make_scene
 from tests.support import Database, TcpProxy
 
 
@@ -16,3 +20,11 @@ async def proxy(database: Database) -> AsyncIterator[TcpProxy]:
     await path.start()
     yield path
     await path.close()
+
+
+@pytest.fixture
+async def scene(database: Database, tmp_path: Path) -> AsyncIterator[Scene]:
+    """Real relayd processes and an emulator process on a fresh database, with the
+    transition history installed; every process is killed at the end."""
+    async with make_scene(tmp_path, database.dsn) as stage:
+        yield stage

@@ -218,7 +218,7 @@ def test_statement_timeout_is_whole_milliseconds_never_zero(
     seconds: float, milliseconds: str
 ) -> None:
     """Seconds become whole milliseconds, never 0 (which PostgreSQL reads as no limit)."""
-    assert _server_settings(seconds)["statement_timeout"] == milliseconds
+    assert _server_settings(seconds, False)["statement_timeout"] == milliseconds
 
 
 def test_secrets_come_from_files_and_never_show(tmp_path: Path) -> None:
