@@ -42,6 +42,12 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(BIN)/python -m bench --quick $(ARGS)
 
+# The fault suite's soak (tests/faults/soak.py): 30 minutes of mixed faults against two
+# relays, then the history checker; never part of `make test`. `make soak ARGS="--minutes 5"`.
+.PHONY: soak
+soak: $(STAMP)
+	$(BIN)/python -m tests.faults.soak $(ARGS)
+
 # Re-pin the image's runtime dependencies to what .venv has (after upgrading it on purpose).
 constraints: $(STAMP)
 	$(BIN)/python -m tests.deploy.pins > deploy/constraints.txt.new

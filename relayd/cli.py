@@ -174,13 +174,18 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _arm_failpoints() -> None:
-    """Arm the fault tests' failpoints, if $RELAYD_TEST_FAILPOINTS names any."""
-    from relayd import failpoints  # noqa: PLC0415
+    """Arm the fault suite's failpoints and mutant, if $RELAYD_TEST_FAILPOINTS or
+    $RELAYD_TEST_MUTANT name any (relayd/failpoints.py, relayd/mutants.py)."""
+    from relayd import failpoints, mutants  # noqa: PLC0415
 
     try:
         failpoints.arm()
     except failpoints.FailpointSpecError as exc:
         raise ConfigError(failpoints.ENV, str(exc)) from None
+    try:
+        mutants.arm()
+    except mutants.MutantSpecError as exc:
+        raise ConfigError(mutants.ENV, str(exc)) from None
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, int]], int]:

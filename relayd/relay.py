@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from relayd import failpoints
+from relayd import failpoints, mutants
 from relayd.config import Settings
 from relayd.errors import DatabaseUnavailable, StatementError, WorkerCrashed
 from relayd.logs import get_logger
@@ -213,6 +213,8 @@ class RelayWorker:
             held = [row.event_id for row in claim.rows]
             if failpoints.ARMED:
                 await failpoints.reach("after_claim")
+            if mutants.ACTIVE == "mark_before_post":
+                await self._ctx.store.settle_published(claim.owner, held, ["mutant"] * len(held))
             step = "publish"
             outcomes = await self.publish(claim)
             step = "settle"

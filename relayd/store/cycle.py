@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
+from relayd import mutants
 from relayd.models import ClaimBatch, ClaimedRow
 from relayd.store.connection import StoreBase, _translated
 
@@ -23,7 +24,10 @@ class CycleQueries(StoreBase):
     ) -> ClaimBatch:
         """Lease up to `limit` due rows, scanning the claim index from `scan_from` (None: from
         its start); the answer carries the marks of the next watermark."""
-        records = await self._fetch("claim", limit, owner, lease_s, str(self.table), scan_from)
+        args: tuple[object, ...] = (limit, owner, lease_s, str(self.table), scan_from)
+        if mutants.ACTIVE == "host_clock_leases":
+            args += (datetime.now(UTC),)
+        records = await self._fetch("claim", *args)
         head, writers_since = records[0]["head"], records[0]["writers_since"]
         rows = [
             ClaimedRow(

@@ -32,8 +32,8 @@ is checked is the lease discipline the fence implies. Every recorded UPDATE must
 2. the settle of the lease in force: OLD.lease_owner is the latest claim's token,
    NEW.lease_owner is NULL, and the row was still pending; or
 3. an operator's redrive or discard, or a migration's dead letter; or
-4. a lease ended by hand (tests do it instead of waiting): only available_at moved, to no
-   later than now(), and the lease stayed.
+4. a lease or a backoff ended by hand (tests do it instead of waiting): only available_at
+   of a pending row moved, back to no later than now().
 
 Anything else is stale: above all a change with no lease in force, which is what a relay
 whose UPDATE lacks the owner predicate writes once its claim's lease was settled. An old
@@ -471,7 +471,7 @@ def _fencing_problem(
         return None  # an insert, or a delete (lost when the row was not published)
     if t.effect == "claim":
         return _claim_problem(t, o, n)
-    if _operator_action(t, o, n) or _lease_ended_by_hand(t, o, n):
+    if _operator_action(t, o, n) or _due_by_hand(t, o, n):
         return None
     changed = ", ".join(t.changed)
     if o.lease_owner is None:
@@ -523,11 +523,13 @@ def _operator_action(t: Transition, o: RowState, n: RowState) -> bool:
     return redrive or discard or migrate
 
 
-def _lease_ended_by_hand(t: Transition, o: RowState, n: RowState) -> bool:
-    """Only available_at moved, back to no later than now(), and the lease stayed."""
+def _due_by_hand(t: Transition, o: RowState, n: RowState) -> bool:
+    """Only available_at moved, back to no later than now(), on a pending row: a lease or a
+    backoff a test ended instead of waiting for it (with or without the lease in force)."""
     return (
         t.changed == ("available_at",)
-        and n.lease_owner is not None
+        and o.published_at is None
+        and o.dead_at is None
         and _utc(n.available_at) < _utc(o.available_at)
         and _utc(n.available_at) <= _utc(t.tx_now)
     )

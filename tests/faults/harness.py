@@ -59,7 +59,8 @@ def _child_env(extra: Mapping[str, str]) -> dict[str, str]:
     inherited = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("RELAYD_") or k == "RELAYD_OJS_CONFORMANCE"
+        # A mutant (relayd/mutants.py) selected for a negative control reaches every relay.
+        if not k.startswith("RELAYD_") or k in ("RELAYD_OJS_CONFORMANCE", "RELAYD_TEST_MUTANT")
     }
     return inherited | dict(extra)
 
@@ -166,6 +167,9 @@ class Scene:
     table: str = str(DEFAULT_TABLE)
     sink: Sink | None = None
     processes: list[Process] = field(default_factory=list)
+    # A deliberately broken relay (relayd/mutants.py) for every relay started from now on:
+    # the negative controls of tests/faults/test_mutants.py.
+    mutant: str | None = None
 
     @property
     def sql_table(self) -> str:
@@ -216,6 +220,8 @@ class Scene:
         )
         if failpoints:
             env["RELAYD_TEST_FAILPOINTS"] = failpoints
+        if self.mutant:
+            env["RELAYD_TEST_MUTANT"] = self.mutant
         proc = await self._spawn(name, ["run"], env)
         if ready:
             await self._await_ok(f"http://127.0.0.1:{port}/healthz", proc)

@@ -61,10 +61,10 @@ async def test_sigstop_past_the_lease_then_sigcont(scene: Scene, point: str) -> 
     await scene.relay("heir")
     await scene.drained()
     frozen.signal(signal.SIGCONT)
-    await frozen.logged("relay.stale_settle")
-    assert await frozen.stop() == 0
+    assert await frozen.stop() == 0  # it finishes its cycle first: the late settle
     assert await scene.published() == len(ids)
     await scene.check()
+    assert "relay.stale_settle" in frozen.log()
 
 
 async def test_sigterm_mid_batch_finishes_or_releases(scene: Scene) -> None:
