@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 from relayd import jsonvalue
 from relayd.deadletters_actions import ActionSummary
-from relayd.operator import CONTROL_CHARS
+from relayd.models import CONTROL_CHARS
 from relayd.operator_models import DeadLetterRow, DlqAction
 
 # Ids printed by name in a human summary; past that, counts only.

@@ -4,10 +4,14 @@ JSON lines on stderr in production, a console renderer on a TTY. Payloads and se
 never logged; callers pass event ids, attempts, outcomes and durations.
 
 The standard library's `logging` (asyncpg, aiohttp and asyncio log through it) goes through
-the same processors and renderer, so its records, tracebacks included, are JSON lines too,
-with the logger's name as `component`. When stderr is the journal's stream (systemd sets
-`$JOURNAL_STREAM` to its `device:inode`), each line starts with its syslog priority, `<3>`
-for an error to `<7>` for debug (sd-daemon(3)), so journald records the level.
+the same processors and renderer, so its records are JSON lines too, with the logger's name
+as `component`. An error record keeps its traceback; a warning's exception (asyncpg's pool
+retrying a connection while the server is down, say) is one `error` field, `Type: message`,
+so an outage reads as one line per retry, not a traceback each.
+
+When stderr is the journal's stream (systemd sets `$JOURNAL_STREAM` to its `device:inode`),
+each line starts with its syslog priority, `<3>` for an error to `<7>` for debug
+(sd-daemon(3)), so journald records the level.
 """
 
 from __future__ import annotations
@@ -110,11 +114,25 @@ def _component_from_logger(
     return event_dict
 
 
+def _brief_warning_exceptions(
+    _logger: WrappedLogger, _method: str, event_dict: EventDict
+) -> EventDict:
+    """A foreign record below ERROR carries its exception as `error`, not a traceback."""
+    record = event_dict.get("_record")
+    if not isinstance(record, logging.LogRecord) or record.levelno >= logging.ERROR:
+        return event_dict
+    exc_info = event_dict.pop("exc_info", None)
+    if isinstance(exc_info, tuple) and isinstance(exc_info[1], BaseException):
+        exc = exc_info[1]
+        event_dict.setdefault("error", f"{type(exc).__name__}: {exc}")
+    return event_dict
+
+
 def _route_standard_logging(
     stream: TextIO, level: int, shared: list[Processor], renderer: Processor
 ) -> None:
     formatter = structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[_component_from_logger, *shared],
+        foreign_pre_chain=[_component_from_logger, _brief_warning_exceptions, *shared],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,

@@ -303,13 +303,15 @@ def timed_out(elapsed_s: float) -> SinkDown:
     return SinkDown(f"no answer within the attempt deadline ({elapsed_s:.1f}s)")
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Characters that break a line or a terminal when stored text is shown: C0 and C1 controls,
+# DEL, and Unicode's line and paragraph separators.
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 MAX_ERROR_BYTES = 512
 
 
 def clean_error(text: str) -> str:
     """`last_error` text: control characters stripped, at most 512 UTF-8 bytes."""
-    text = _CONTROL.sub(" ", text)
+    text = CONTROL_CHARS.sub(" ", text)
     data = text.encode()
     if len(data) <= MAX_ERROR_BYTES:
         return text

@@ -7,13 +7,13 @@ import contextlib
 import functools
 import getpass
 import os
-import re
 import sys
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from relayd.config import Settings
 from relayd.errors import EXIT_FAILURE, EXIT_USAGE, StatementError
+from relayd.models import CONTROL_CHARS
 
 if TYPE_CHECKING:
     import argparse
@@ -77,9 +77,6 @@ def resolve_actor(given: str | None) -> str:
         return getpass.getuser()
     except (OSError, KeyError):  # no login name and no passwd entry (a bare container)
         return f"uid {os.getuid()}"
-
-
-CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def check_text(value: str, option: str, most: int) -> str:

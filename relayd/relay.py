@@ -61,7 +61,9 @@ from relayd.wakeup import Wakeup, WorkSignal
 from relayd.watermark import Watermark
 
 # An idle worker never sleeps less than this, even when a row is due "now" but was locked by
-# another claimer at the instant we looked.
+# another claimer at the instant we looked. Each claim in a row that comes back empty while
+# rows are due doubles it, up to the poll interval: rows another session keeps locked (an
+# operator's open transaction, a long UPDATE) are retried at the poll rate, not spun on.
 _MIN_IDLE_S = 0.01
 
 
@@ -167,6 +169,7 @@ class RelayWorker:
         self._scopes: set[asyncio.Timeout] = set()
         self.released = 0  # rows handed back unstarted (drain, open breaker)
         self.in_flight = 0  # rows claimed and not yet settled
+        self._empty_claims = 0  # consecutive claims that came back with no row
 
     async def run(self) -> None:
         """Loop until the process stops; returns after settling what it holds."""
@@ -206,7 +209,9 @@ class RelayWorker:
             limit = 1 if permit is Permit.PROBE else self._relay.batch_size
             claim = await self.claim(limit)
             if not claim.rows:
+                self._empty_claims += 1
                 return False
+            self._empty_claims = 0
             full = len(claim.rows) == limit
             if full:
                 self._ctx.wakeup.notify()  # more may be due: another idle worker joins in
@@ -293,7 +298,8 @@ class RelayWorker:
                 self._ctx.on_idle()
                 return
         if due_s is not None and not math.isnan(due_s):
-            timeout_s = min(timeout_s, max(due_s, _MIN_IDLE_S))
+            floor_s = _MIN_IDLE_S * 2 ** min(self._empty_claims, 16)
+            timeout_s = min(timeout_s, max(due_s, floor_s))
         await self._ctx.wakeup.wait(timeout_s)
 
     # --- publish -------------------------------------------------------------------------

@@ -22,9 +22,15 @@ _SCRATCH_SETTINGS = {
 
 
 class EmbeddedPostgres:
-    """Start with `start()` (or `with`), get a DSN with `dsn(database)`, `stop()` deletes it."""
+    """Start with `start()` (or `with`), get a DSN with `dsn(database)`, `stop()` deletes it.
 
-    def __init__(self, base_dir: Path | None = None) -> None:
+    `durable` keeps PostgreSQL's crash safety (fsync, synchronous commits): for a test that
+    crashes the server on purpose, where a scratch server would forget commits it had
+    acknowledged.
+    """
+
+    def __init__(self, base_dir: Path | None = None, *, durable: bool = False) -> None:
+        self._durable = durable
         self._owned_dir = base_dir is None
         self._base = Path(tempfile.mkdtemp(prefix="relayd-pg-")) if base_dir is None else base_dir
         self._server: Any = None
@@ -34,7 +40,8 @@ class EmbeddedPostgres:
         self._base.mkdir(parents=True, exist_ok=True)
         self._server = server_module.get_server(self._base / "data", cleanup_mode="delete")
         settings = "".join(
-            f"ALTER SYSTEM SET {name} = '{value}';\n" for name, value in _SCRATCH_SETTINGS.items()
+            f"ALTER SYSTEM SET {name} = '{'on' if self._durable else value}';\n"
+            for name, value in _SCRATCH_SETTINGS.items()
         )
         self._server.psql(settings + "SELECT pg_reload_conf();\n")
         return self

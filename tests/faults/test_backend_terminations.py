@@ -13,6 +13,7 @@ import asyncpg
 
 from relayd.testing.emulator import RunningEmulator
 from relayd.testing.processes import free_port, relay_process
+from tests.faults.checker import assert_clean, check, install_history
 from tests.support import Database, drained, eventually, produce
 
 TERMINATE = """
@@ -34,6 +35,7 @@ async def test_relay_survives_repeated_backend_terminations(
     random moments (mid-claim, mid-settle, while listening) 40 times; 3. healed: everything
     drains, each job created once, nothing dead; 4. SIGTERM exits 0 with no crash logged."""
     rng = random.Random(6)
+    await install_history(conn)
     admin = await asyncpg.connect(database.dsn)
     settings = {
         "RELAYD_RELAY__WORKERS": "4",
@@ -89,6 +91,7 @@ async def test_relay_survives_repeated_backend_terminations(
     assert "daemon.task_crashed" not in events
     assert "relay.database_unavailable" in events
     assert events[-1] == "daemon.stopped"
+    assert_clean(await check(conn, emulator.emulator.ledger_json()))
 
 
 async def _sessions_up(admin: asyncpg.Connection) -> bool:

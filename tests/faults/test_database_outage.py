@@ -11,6 +11,7 @@ import asyncpg
 from relayd.daemon import Daemon
 from relayd.metrics import RelayMetrics
 from relayd.testing.emulator import RunningEmulator
+from tests.faults.checker import assert_clean, check, install_history
 from tests.support import Database, TcpProxy, drained, eventually, pending, produce, relay_settings
 
 
@@ -24,6 +25,7 @@ async def test_database_down_at_start_then_back(
 ) -> None:
     """1. PostgreSQL unreachable: the daemon waits, not ready, no crash; 2. it comes back:
     the daemon starts and drains the outbox."""
+    await install_history(conn)
     ids = await produce(conn, 100)
     await proxy.cut()
     settings = relay_settings(proxy.dsn_through(database.dsn), emulator.url)
@@ -45,6 +47,7 @@ async def test_database_down_at_start_then_back(
     daemon.stop()
     assert await task == 0
     assert set(emulator.emulator.ledger()) == set(ids)
+    assert_clean(await check(conn, emulator.emulator.ledger_json()))
 
 
 async def test_database_lost_mid_run_then_back(
@@ -52,6 +55,7 @@ async def test_database_lost_mid_run_then_back(
 ) -> None:
     """1. publishing; 2. every connection reset and refused; 3. statements fail, the daemon
     keeps running; 4. back: the rest drains, each job created once, nothing dead."""
+    await install_history(conn)
     ids = await produce(conn, 3000)
     settings = relay_settings(
         proxy.dsn_through(database.dsn),
@@ -84,3 +88,4 @@ async def test_database_lost_mid_run_then_back(
     assert set(ledger) == set(ids)
     assert {e.created for e in ledger.values()} == {1}
     assert await conn.fetchval("SELECT count(*) FROM relayd.outbox WHERE dead_at IS NOT NULL") == 0
+    assert_clean(await check(conn, emulator.emulator.ledger_json()))

