@@ -37,6 +37,7 @@ from pydantic_settings import (
 
 from relayd.errors import ConfigError
 from relayd.models import OutboxTable
+from relayd.token_file import SecretFileError, read_secret_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/relayd/config.toml")
 CONFIG_ENV_VAR = "RELAYD_CONFIG"
@@ -172,7 +173,8 @@ class SinkSettings(_Section):
 
     @property
     def token(self) -> SecretStr | None:
-        """The bearer token read from `token_file`, if one is configured."""
+        """The bearer token read from `token_file` at load, if one is configured (the sink
+        follows the file from there: relayd/token_file.py)."""
         return self._token
 
 
@@ -582,11 +584,6 @@ def _config_error(exc: ValidationError) -> ConfigError:
 def _read_secret(path: Path, key: str) -> str:
     """The stripped text of a secret file; `_KeyedError` naming `key` if it is unusable."""
     try:
-        value = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise _KeyedError(key, f"cannot read {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise _KeyedError(key, f"{path} is not UTF-8 text") from None
-    if not value:
-        raise _KeyedError(key, f"{path} is empty")
-    return value
+        return read_secret_file(path)
+    except SecretFileError as exc:
+        raise _KeyedError(key, str(exc)) from None

@@ -49,6 +49,7 @@ from relayd.sinks.ojs_answers import (
     request_id,
     secret_forms,
 )
+from relayd.token_file import TokenFile
 
 _MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 _MANIFEST_TIMEOUT_S = 5.0
@@ -68,6 +69,9 @@ class OjsSink:
     claim whose lease ran out while relayd was waiting (for PostgreSQL's answer, a free
     connection, an earlier request) must not write to the sink (C4). A GET changes nothing
     on the sink, so it needs no such check.
+
+    The bearer token follows `sink.token_file` when an operator rotates it: the file is
+    looked at no more than once a second, and at once after a 401/403 (relayd/token_file.py).
     """
 
     def __init__(
@@ -77,21 +81,32 @@ class OjsSink:
         health: SinkHealth,
         *,
         observe: ExchangeObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
         self._url = url
         self._health = health
         self._observe = observe
+        # The monotonic clock of what the sink caches: the manifest, the token file's looks.
+        self._clock = clock
         self._session: aiohttp.ClientSession | None = None
         self._batch_known: bool | None = {"on": True, "off": False}.get(settings.batch)
         self._batch_checked_at = float("-inf")
         token = settings.token.get_secret_value() if settings.token is not None else None
-        self._secrets = secret_forms(token) if token else ()
+        self._token = token
+        # The token follows its file when an operator rotates it (relayd/token_file.py).
+        self._token_file = (
+            TokenFile(settings.token_file, token, clock=clock)
+            if token and settings.token_file is not None
+            else None
+        )
+        self._secrets: tuple[bytes, ...] = ()
+        self._secrets_of = 0
+        self._sync_secrets()
 
     async def start(self) -> None:
+        # Authorization is set per request: the token may change while the session lives.
         headers = {"Accept": MEDIA_TYPE, "User-Agent": f"relayd/{__version__}"}
-        if self._settings.token is not None:
-            headers["Authorization"] = f"Bearer {self._settings.token.get_secret_value()}"
         ssl_context = ssl.create_default_context(
             cafile=str(self._settings.ca_file) if self._settings.ca_file else None
         )
@@ -218,9 +233,9 @@ class OjsSink:
         if self._settings.batch != "auto":
             return bool(self._batch_known)
         ttl = _MANIFEST_TTL_S if self._batch_known is not None else _MANIFEST_RETRY_S
-        if time.monotonic() - self._batch_checked_at < ttl:
+        if self._clock() - self._batch_checked_at < ttl:
             return bool(self._batch_known)
-        self._batch_checked_at = time.monotonic()
+        self._batch_checked_at = self._clock()
         try:
             async with asyncio.timeout(_MANIFEST_TIMEOUT_S):
                 answer = await self._exchange("GET", MANIFEST_PATH, None, "relayd-manifest")
@@ -274,7 +289,7 @@ class OjsSink:
                 outcomes.update(verdict.outcomes)
             elif isinstance(verdict, BatchNotServed):
                 # The manifest promised batches the server does not serve: publish singly.
-                self._batch_known, self._batch_checked_at = False, time.monotonic()
+                self._batch_known, self._batch_checked_at = False, self._clock()
                 outcomes.update((row.event_id, NotStarted()) for row in chunk)
             elif isinstance(verdict, BatchDrop):
                 outcomes[chunk[verdict.index].event_id] = verdict.dead
@@ -314,6 +329,9 @@ class OjsSink:
         if self._session is None:
             raise RuntimeError("OjsSink.start() was not called")
         headers = {"X-Request-Id": rid}
+        token = self._bearer()
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
         if body is not None:
             headers["Content-Type"] = MEDIA_TYPE
         # Unless an answer or a transport failure says otherwise, the exchange was cut by
@@ -323,8 +341,13 @@ class OjsSink:
             async with self._session.request(
                 method, self._url + path, data=body, headers=headers, allow_redirects=False
             ) as response:
-                content = await response.content.read(_MAX_RESPONSE_BYTES)
+                content = await _read_body(response.content)
                 code = str(response.status)
+                if response.status in (401, 403) and self._token_file is not None:
+                    # Refused: the operator may have rotated the token; the next request
+                    # (the breaker's probe) sends the file's new one.
+                    self._token_file.refresh()
+                    self._sync_secrets()
                 if not 200 <= response.status < 300:
                     # Error text may reach logs and last_error; a server or proxy that
                     # echoes our Authorization header must not put the token there.
@@ -337,6 +360,26 @@ class OjsSink:
             if self._observe is not None:
                 self._observe(method, code)
 
+    def _bearer(self) -> str | None:
+        """The token to send now: the token file's current one (see TokenFile.value)."""
+        if self._token_file is None:
+            return self._token
+        token = self._token_file.value
+        if token != self._token:
+            self._token = token
+            self._sync_secrets()
+        return token
+
+    def _sync_secrets(self) -> None:
+        """Redact every token relayd has held, the rotated-out ones too."""
+        tokens = self._token_file.seen if self._token_file is not None else (self._token or "",)
+        tokens = tuple(token for token in tokens if token)
+        if len(tokens) == self._secrets_of:
+            return
+        forms = {form for token in tokens for form in secret_forms(token)}
+        self._secrets = tuple(sorted(forms, key=len, reverse=True))
+        self._secrets_of = len(tokens)
+
     def _noted(self, outcome: _O) -> _O:
         """Tell the breaker whether this exchange showed a healthy sink."""
         if isinstance(outcome, SinkDown):
@@ -344,6 +387,21 @@ class OjsSink:
         else:
             self._health.sink_ok()
         return outcome
+
+
+async def _read_body(stream: aiohttp.StreamReader) -> bytes:
+    """The whole body, however the network slices it, or its first _MAX_RESPONSE_BYTES + 1
+    bytes: an oversized answer stays unreadable (a 2xx one is then reconciled with a GET).
+    One `read(n)` would return only what has arrived so far."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= _MAX_RESPONSE_BYTES:
+        chunk = await stream.read(_MAX_RESPONSE_BYTES + 1 - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def _too_late(send_by: float) -> bool:
