@@ -144,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     emulator.add_argument("--auth-token-file", metavar="PATH")
     emulator.add_argument("--retention-s", type=float, metavar="SECONDS")
+    emulator.add_argument(
+        "--tls-cert", metavar="PATH", help="serve HTTPS with this PEM certificate (chain)"
+    )
+    emulator.add_argument("--tls-key", metavar="PATH", help="the PEM private key of --tls-cert")
     emulator.set_defaults(handler=_emulator)
 
     healthcheck = commands.add_parser(
@@ -394,11 +398,20 @@ def _demo(args: argparse.Namespace) -> int:
 def _emulator(args: argparse.Namespace) -> int:
     from relayd.config import parse_listen  # noqa: PLC0415
     from relayd.testing.emulator import config_from_options, serve  # noqa: PLC0415
+    from relayd.testing.emulator.app import tls_context  # noqa: PLC0415
 
     try:
         host, port = parse_listen(args.listen)
     except ValueError as exc:
         raise ConfigError("--listen", str(exc)) from None
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError("--tls-cert", "give --tls-cert and --tls-key together")
+    ssl_context = None
+    if args.tls_cert is not None:
+        try:
+            ssl_context = tls_context(args.tls_cert, args.tls_key)
+        except OSError as exc:  # ssl.SSLError is an OSError too
+            raise ConfigError("--tls-cert", f"cannot load the certificate and key: {exc}") from None
     try:
         config = config_from_options(
             duplicate_mode=args.duplicate_mode,
@@ -411,7 +424,7 @@ def _emulator(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError("emulator", str(exc)) from None
     _arm_failpoints()
-    serve(host, port, config)
+    serve(host, port, config, ssl_context=ssl_context)
     return EXIT_OK
 
 

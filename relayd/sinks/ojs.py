@@ -121,6 +121,9 @@ class OjsSink:
                 total=None, sock_connect=self._settings.connect_timeout_s
             ),
             auto_decompress=True,
+            # An OJS server has no business setting cookies, and relayd none sending them: no
+            # jar to consult and update on every request.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     async def close(self) -> None:

@@ -9,7 +9,21 @@ carries, and fires `times` times (`None`: until cleared). Its action is one of:
 - `drop`: abort the TCP connection without processing or answering;
 - `store_then_drop`: process fully (the job IS stored), then abort without answering;
 - `store_then_delay`: process fully, then answer after `delay_ms`;
-- `store_then_status`: process fully, then answer the given status instead of the real one.
+- `store_then_status`: process fully, then answer the given status instead of the real one;
+- `store_some_then_status`: for a batch, store only its first `count` jobs (default 1), then
+  answer the given status as an error (a batch stored in part, then failed); any other
+  request is processed fully first, as with `store_then_status`;
+- `omit_ids`: process fully, then, for a batch answered 2xx, list only its first `count`
+  jobs in the answer (the others are stored but omitted); any other answer is unchanged;
+- `trickle`: process fully, then write the answer's status line and headers one byte at a
+  time, `delay_ms` apart (the body at once after them), and close the connection: a client
+  must give up on its own deadline;
+- `oversized`: process fully, then answer the given status (200 unless set) with the real
+  JSON body padded inside to `size_bytes` bytes (default 17 MiB, over relayd's limit of
+  16 MiB on an answer), streamed in chunks.
+
+`status` defaults to 503, except for `oversized` (200). `count` and `size_bytes` concern
+only the actions that name them.
 
 JSON form (``POST /_emulator/faults`` takes one rule, a list, or ``{"rules": [...]}``)::
 
@@ -27,9 +41,25 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
 FaultAction = Literal[
-    "status", "latency", "drop", "store_then_drop", "store_then_delay", "store_then_status"
+    "status",
+    "latency",
+    "drop",
+    "store_then_drop",
+    "store_then_delay",
+    "store_then_status",
+    "store_some_then_status",
+    "omit_ids",
+    "trickle",
+    "oversized",
 ]
 FAULT_ACTIONS: tuple[str, ...] = get_args(FaultAction)
+# `status` unless given: what each action answers by default.
+_DEFAULT_STATUS = 503
+_ACTION_STATUS: Mapping[str, int] = {"oversized": 200}
+DEFAULT_OVERSIZED_BYTES = 17 * 1024 * 1024
+_MAX_OVERSIZED_BYTES = 1 << 30
+_INT_FIELDS = ("times", "status", "delay_ms", "count", "size_bytes")
+_REQUIRED_FIELDS = ("action", "method", "status", "delay_ms", "count", "size_bytes")
 
 
 @dataclass(frozen=True)
@@ -42,16 +72,24 @@ class FaultRule:
     path_prefix: str | None = None
     job_id: str | None = None
     times: int | None = 1
-    status: int = 503
+    # 0: the action's default (`_ACTION_STATUS`, else 503), resolved on construction.
+    status: int = 0
     code: str | None = None
     retry_after: str | None = None
     delay_ms: int = 0
     body: str | None = None
     content_type: str | None = None
+    # store_some_then_status: how many of the batch's jobs to store; omit_ids: how many to
+    # list in the answer.
+    count: int = 1
+    # oversized: the answer's body size in bytes.
+    size_bytes: int = DEFAULT_OVERSIZED_BYTES
 
     def __post_init__(self) -> None:
         if self.action not in FAULT_ACTIONS:
             raise ValueError(f"action must be one of {', '.join(FAULT_ACTIONS)}")
+        if self.status == 0:
+            object.__setattr__(self, "status", _ACTION_STATUS.get(self.action, _DEFAULT_STATUS))
         if self.path is not None and self.path_prefix is not None:
             raise ValueError("give path or path_prefix, not both")
         for name in ("path", "path_prefix"):
@@ -64,6 +102,10 @@ class FaultRule:
             raise ValueError("status must be an HTTP status (100-599)")
         if self.delay_ms < 0:
             raise ValueError("delay_ms must be >= 0")
+        if self.count < 0:
+            raise ValueError("count must be >= 0")
+        if not 1 <= self.size_bytes <= _MAX_OVERSIZED_BYTES:
+            raise ValueError(f"size_bytes must be between 1 and {_MAX_OVERSIZED_BYTES}")
         object.__setattr__(self, "method", self.method.upper())
 
     def matches(self, method: str, path: str, job_ids: Collection[str]) -> bool:
@@ -87,8 +129,8 @@ class FaultRule:
             raise ValueError("action is required")
         kwargs: dict[str, Any] = {}
         for name, value in data.items():
-            expected: type = int if name in ("times", "status", "delay_ms") else str
-            nullable = name not in ("action", "method", "status", "delay_ms")
+            expected: type = int if name in _INT_FIELDS else str
+            nullable = name not in _REQUIRED_FIELDS
             if value is None and nullable:
                 kwargs[name] = None
                 continue

@@ -15,7 +15,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,9 @@ FAST: Mapping[str, str] = {
 }
 
 
-def _child_env(extra: Mapping[str, str]) -> dict[str, str]:
+def child_env(extra: Mapping[str, str]) -> dict[str, str]:
+    """What a scenario's child process gets: this environment less its RELAYD_* settings
+    (bar the two the suite passes on), then `extra`."""
     inherited = {
         k: v
         for k, v in os.environ.items()
@@ -63,6 +65,27 @@ def _child_env(extra: Mapping[str, str]) -> dict[str, str]:
         if not k.startswith("RELAYD_") or k in ("RELAYD_OJS_CONFORMANCE", "RELAYD_TEST_MUTANT")
     }
     return inherited | dict(extra)
+
+
+def relayd_argv(*args: str) -> list[str]:
+    """`relayd ARGS` run by this interpreter."""
+    return [sys.executable, "-m", "relayd", *args]
+
+
+async def await_ok(http: aiohttp.ClientSession, url: str, proc: Process) -> None:
+    """Wait until `url` answers 200 while `proc` runs; fail with its output if it exits."""
+    async with asyncio.timeout(_READY_TIMEOUT_S):
+        while True:
+            if proc.returncode is not None:
+                raise AssertionError(
+                    f"{proc.name} exited ({proc.returncode}) before {url} answered:\n"
+                    + proc.log()[-4000:]
+                )
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(url) as answer:
+                    if answer.status == 200:
+                        return
+            await asyncio.sleep(0.05)
 
 
 @dataclass
@@ -203,39 +226,40 @@ class Scene:
         With `ready`, wait until its /healthz answers; a relay armed to die early may exit
         first, so pass ready=False for those and wait on what the scenario expects.
         """
-        assert self.sink is not None, "start the sink first"
         port = free_port()
-        config = self.base / f"{name}.toml"
-        config.write_text("")
-        env = (
-            dict(FAST)
-            | {
-                "RELAYD_CONFIG": str(config),
-                "RELAYD_DATABASE__DSN": self.dsn,
-                "RELAYD_SINK__URL": self.sink.url,
-                "RELAYD_OUTBOX__TABLE": self.table,
-                "RELAYD_HTTP__LISTEN": f"127.0.0.1:{port}",
-            }
-            | settings
-        )
+        env = self.relay_env(name, f"127.0.0.1:{port}", **settings)
         if failpoints:
             env["RELAYD_TEST_FAILPOINTS"] = failpoints
-        if self.mutant:
-            env["RELAYD_TEST_MUTANT"] = self.mutant
         proc = await self._spawn(name, ["run"], env)
         if ready:
             await self._await_ok(f"http://127.0.0.1:{port}/healthz", proc)
         return proc
 
-    async def _spawn(self, name: str, args: list[str], env: Mapping[str, str]) -> Process:
+    def relay_env(self, name: str, http_listen: str, **settings: str) -> dict[str, str]:
+        """The environment of relay `name`: FAST, this scene's database, sink, table and
+        mutant, its HTTP listener, then `settings` (RELAYD_* variables, or any other)."""
+        assert self.sink is not None, "start the sink first"
+        config = self.base / f"{name}.toml"
+        config.write_text("")
+        env = dict(FAST) | {
+            "RELAYD_CONFIG": str(config),
+            "RELAYD_DATABASE__DSN": self.dsn,
+            "RELAYD_SINK__URL": self.sink.url,
+            "RELAYD_OUTBOX__TABLE": self.table,
+            "RELAYD_HTTP__LISTEN": http_listen,
+        }
+        if self.mutant:
+            env["RELAYD_TEST_MUTANT"] = self.mutant
+        return env | settings
+
+    async def spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> Process:
+        """Start `argv` (any command: relayd under a wrapper, a helper) logging to
+        `<name>.log`; it is killed at the end like every process of the scene."""
         log_path = self.base / f"{name}.log"
         with log_path.open("ab") as log:
             process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "relayd",
-                *args,
-                env=_child_env(env),
+                *argv,
+                env=child_env(env),
                 stdout=log,
                 stderr=log,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -244,19 +268,12 @@ class Scene:
         self.processes.append(proc)
         return proc
 
+    async def _spawn(self, name: str, args: list[str], env: Mapping[str, str]) -> Process:
+        """`relayd ARGS` as process `name`."""
+        return await self.spawn(name, relayd_argv(*args), env)
+
     async def _await_ok(self, url: str, proc: Process) -> None:
-        async with asyncio.timeout(_READY_TIMEOUT_S):
-            while True:
-                if proc.returncode is not None:
-                    raise AssertionError(
-                        f"{proc.name} exited ({proc.returncode}) before {url} answered:\n"
-                        + proc.log()[-4000:]
-                    )
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with self.http.get(url) as answer:
-                        if answer.status == 200:
-                            return
-                await asyncio.sleep(0.05)
+        await await_ok(self.http, url, proc)
 
     async def close(self) -> None:
         """Kill whatever still runs (a scenario stops what it means to stop)."""

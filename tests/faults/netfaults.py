@@ -1,6 +1,6 @@
-"""What the network, clock and bad-input scenarios need beyond the harness: a TCP proxy that
-misbehaves on command, private network namespaces with nftables rules, and processes started
-under a wrapper (`ip netns exec`, a faked wall clock) but kept by the Scene like its own.
+"""What the network scenarios need beyond the harness: a TCP proxy that misbehaves on
+command, and private network namespaces with nftables rules (processes started inside one
+through `Scene.spawn`, kept by the Scene like its own).
 
 `FaultProxy` sits in front of the sink or PostgreSQL (TCP or a Unix socket) and switches, for
 the connections it holds and the ones it accepts later, between:
@@ -33,14 +33,10 @@ import socket
 import struct
 import sys
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit, urlunsplit
-
-import aiohttp
-
-from tests.faults.harness import FAST, Process, Scene
 
 _REPO = Path(__file__).resolve().parents[2]
 _READY_TIMEOUT_S = 30.0
@@ -281,75 +277,6 @@ class FaultProxy:
             delivering.cancel()
             await asyncio.gather(delivering, return_exceptions=True)
             sink.transport.abort()
-
-
-# --- processes started under a wrapper ----------------------------------------------------
-
-
-def child_env(extra: Mapping[str, str]) -> dict[str, str]:
-    """What the harness gives its children: this environment less RELAYD_* settings."""
-    inherited = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("RELAYD_") or k in ("RELAYD_OJS_CONFORMANCE", "RELAYD_TEST_MUTANT")
-    }
-    return inherited | dict(extra)
-
-
-def relayd_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "relayd", *args]
-
-
-async def spawn(scene: Scene, name: str, argv: Sequence[str], env: Mapping[str, str]) -> Process:
-    """Start `argv` logging to `<name>.log` beside the harness's own; the Scene kills it at
-    the end like the processes it started."""
-    log_path = scene.base / f"{name}.log"
-    with log_path.open("ab") as log:
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            env=child_env(env),
-            stdout=log,
-            stderr=log,
-            stdin=asyncio.subprocess.DEVNULL,
-        )
-    proc = Process(name=name, log_path=log_path, process=process)
-    scene.processes.append(proc)
-    return proc
-
-
-def relay_env(scene: Scene, name: str, http_listen: str, **settings: str) -> dict[str, str]:
-    """The environment `Scene.relay` gives a relay: FAST, the scene's database, sink and
-    table, then `settings`."""
-    assert scene.sink is not None, "start the sink first"
-    config = scene.base / f"{name}.toml"
-    config.write_text("")
-    return (
-        dict(FAST)
-        | {
-            "RELAYD_CONFIG": str(config),
-            "RELAYD_DATABASE__DSN": scene.dsn,
-            "RELAYD_SINK__URL": scene.sink.url,
-            "RELAYD_OUTBOX__TABLE": scene.table,
-            "RELAYD_HTTP__LISTEN": http_listen,
-        }
-        | settings
-    )
-
-
-async def await_ok(http: aiohttp.ClientSession, url: str, proc: Process) -> None:
-    """Wait until `url` answers 200 while `proc` runs."""
-    async with asyncio.timeout(_READY_TIMEOUT_S):
-        while True:
-            if proc.returncode is not None:
-                raise AssertionError(
-                    f"{proc.name} exited ({proc.returncode}) before {url} answered:\n"
-                    + proc.log()[-4000:]
-                )
-            with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(url) as answer:
-                    if answer.status == 200:
-                        return
-            await asyncio.sleep(0.05)
 
 
 # --- network namespaces --------------------------------------------------------------------

@@ -25,9 +25,8 @@ from relayd.migrate import connect_and_migrate
 from relayd.producer import enqueue_many, new_job
 from relayd.testing.postgres import EmbeddedPostgres
 from relayd.testing.processes import free_port
-from tests.faults.harness import Process, Scene
+from tests.faults.harness import Process, Scene, await_ok
 from tests.faults.harness import scene as make_scene
-from tests.faults.netfaults import await_ok
 from tests.support import DEFAULT_TABLE
 
 OVERWRITE = ("--duplicate-mode", "overwrite")

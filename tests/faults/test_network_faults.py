@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from relayd.testing.processes import free_port
-from tests.faults.harness import Process, Scene, Sink
+from tests.faults.harness import Process, Scene, Sink, relayd_argv
 from tests.faults.netfaults import (
     FaultProxy,
     Mode,
@@ -29,9 +29,6 @@ from tests.faults.netfaults import (
     bridge_env,
     netns,
     netns_unavailable,
-    relay_env,
-    relayd_argv,
-    spawn,
 )
 
 OVERWRITE = ("--duplicate-mode", "overwrite")
@@ -148,15 +145,13 @@ async def _sink_in(space: NetNs, scene: Scene) -> tuple[int, aiohttp.ClientSessi
     """The emulator inside `space`, and a session that reaches it from here through a bridge
     (a Unix socket served from inside, connecting from 127.0.0.2)."""
     port = free_port()
-    proc = await spawn(
-        scene,
+    proc = await scene.spawn(
         "sink",
         [*space.prefix(), *relayd_argv("emulator", "--listen", f"127.0.0.1:{port}", *OVERWRITE)],
         {},
     )
     socket_path = scene.base / "sink.sock"
-    bridge = await spawn(
-        scene,
+    bridge = await scene.spawn(
         "bridge",
         [*space.prefix(), *bridge_argv(socket_path, f"127.0.0.1:{port}", "127.0.0.2")],
         bridge_env(),
@@ -210,11 +205,11 @@ async def test_nftables_cuts_the_sink_inside_a_network_namespace(
         db = FaultProxy.for_dsn(scene.dsn, listen_unix=scene.base / "pg" / ".s.PGSQL.5432")
         (scene.base / "pg").mkdir()
         async with _proxy(db):
-            env = relay_env(scene, "relay", "127.0.0.1:0") | {
+            env = scene.relay_env("relay", "127.0.0.1:0") | {
                 "RELAYD_DATABASE__DSN": db.dsn_through(scene.dsn),
                 "RELAYD_HTTP__ENABLED": "false",
             }
-            relay = await spawn(scene, "relay", [*space.prefix(), *relayd_argv("run")], env)
+            relay = await scene.spawn("relay", [*space.prefix(), *relayd_argv("run")], env)
             await relay.logged('"daemon.started"')
             await scene.produce(ROWS)
             await scene.until(

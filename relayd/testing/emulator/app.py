@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
+import http
 import logging
 import re
 import secrets
 import signal
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +48,7 @@ from relayd.testing.faults import FaultPlan, FaultRule
 logger = logging.getLogger(__name__)
 
 _CONTROL_BODY_BYTES = 1 << 20
+_OVERSIZED_CHUNK = b" " * (64 * 1024)
 
 
 class Emulator:
@@ -143,8 +147,9 @@ class Emulator:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         request_id = request.headers.get("X-Request-Id") or f"req_{uuid7(self.now())}"
+        rule: FaultRule | None = None
         try:
-            reply = await self._serve(request, request_id)
+            reply, rule = await self._serve(request, request_id)
         except Reject as exc:
             reply = Reply(exc.status, exc.envelope(request_id))
         except Exception:
@@ -162,13 +167,22 @@ class Emulator:
             **reply.headers,
         }
         body = reply.raw if reply.raw is not None else dumps(reply.body)
+        if rule is not None and rule.action == "trickle":
+            await self._trickle(request, reply.status, headers, body, rule.delay_ms)
+            # The transport is closed; aiohttp's write of this response fails quietly.
+            return web.Response(status=500)
+        if rule is not None and rule.action == "oversized":
+            return await self._oversized(request, reply.status, headers, body, rule.size_bytes)
         return web.Response(status=reply.status, body=body, headers=headers)
 
-    async def _serve(self, request: web.Request, request_id: str) -> Reply | None:
+    async def _serve(
+        self, request: web.Request, request_id: str
+    ) -> tuple[Reply | None, FaultRule | None]:
+        """The answer (None: the connection was dropped) and the fault rule that fired."""
         path, method = request.path, request.method
         if path.startswith(CONTROL_PREFIX):
             body = await self._read_body(request, _CONTROL_BODY_BYTES)
-            return self._dispatch(self._call(request, request_id, body))
+            return self._dispatch(self._call(request, request_id, body)), None
         self._state.advance()
         self._check_auth(request)
         self._check_version(request)
@@ -187,18 +201,33 @@ class Emulator:
         else:
             if rule is not None and rule.action == "latency":
                 await self._pause(rule.delay_ms)
+            if rule is not None and rule.action == "store_some_then_status":
+                call = _first_jobs(call, rule.count)
             reply = self._dispatch(call)
             if failpoints.ARMED and posted:
                 await failpoints.reach("sink_after_store")
-            if rule is not None and rule.action == "store_then_drop":
-                self._drop(request)
-                reply = None
-            elif rule is not None and rule.action == "store_then_delay":
-                await self._pause(rule.delay_ms)
-            elif rule is not None and rule.action == "store_then_status":
-                reply = self._fault_reply(rule, request_id)
+            if rule is not None:
+                reply = await self._after_store(rule, request, call, reply)
         for job_id in posted:
             self._state.counts(job_id).post_statuses.append(None if reply is None else reply.status)
+        return reply, rule
+
+    async def _after_store(
+        self, rule: FaultRule, request: web.Request, call: Call, reply: Reply
+    ) -> Reply | None:
+        """What a fault that lets the request be processed does to its answer."""
+        match rule.action:
+            case "store_then_drop":
+                self._drop(request)
+                return None
+            case "store_then_delay":
+                await self._pause(rule.delay_ms)
+            case "store_then_status" | "store_some_then_status":
+                return self._fault_reply(rule, call.request_id)
+            case "omit_ids":
+                return _omit_ids(call, reply, rule.count)
+            case "oversized":
+                return dataclasses.replace(reply, status=rule.status)
         return reply
 
     def _call(self, request: web.Request, request_id: str, body: bytes) -> Call:
@@ -330,6 +359,63 @@ class Emulator:
             async with asyncio.timeout(delay_ms / 1000):
                 await self._closing.wait()
 
+    async def _trickle(
+        self,
+        request: web.Request,
+        status: int,
+        headers: dict[str, str],
+        body: bytes,
+        delay_ms: int,
+    ) -> None:
+        """Write the answer by hand on the raw transport: the status line and headers one
+        byte at a time, `delay_ms` apart, then the body; then close the connection. Stops
+        as soon as the client hangs up (or the emulator closes)."""
+        transport = request.transport
+        if transport is None:
+            return
+        reason = _reason(status)
+        lines = [f"HTTP/1.1 {status} {reason}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+        head = "\r\n".join(lines).encode("latin-1")
+        for index in range(len(head)):
+            if transport.is_closing() or self._closing.is_set():
+                break
+            transport.write(head[index : index + 1])
+            await self._pause(delay_ms)
+        else:
+            if not transport.is_closing():
+                transport.write(body)
+        if not transport.is_closing():
+            transport.close()
+
+    async def _oversized(
+        self,
+        request: web.Request,
+        status: int,
+        headers: dict[str, str],
+        body: bytes,
+        size_bytes: int,
+    ) -> web.StreamResponse:
+        """The answer's JSON padded inside with spaces to `size_bytes` bytes (never less
+        than the body itself), streamed in chunks: whole, it is still valid JSON."""
+        head, tail = _split_json(body)
+        padding = max(size_bytes - len(body), 0)
+        response = web.StreamResponse(status=status, headers=headers)
+        response.content_length = len(body) + padding
+        try:
+            await response.prepare(request)
+            await response.write(head)
+            while padding > 0:
+                chunk = _OVERSIZED_CHUNK[: min(padding, len(_OVERSIZED_CHUNK))]
+                await response.write(chunk)
+                padding -= len(chunk)
+            await response.write(tail)
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the client stopped reading and hung up, as it may
+        return response
+
     # --- control endpoints (no auth, no faults) ---------------------------------------
 
     def _control_routes(self) -> list[Route]:
@@ -384,6 +470,52 @@ class Emulator:
         return Reply(200, {"now": format_time(self.now())})
 
 
+def _first_jobs(call: Call, count: int) -> Call:
+    """A batch call cut down to its first `count` jobs (any other call unchanged)."""
+    payload = call.payload if call.payload_ok else None
+    if call.path != "/ojs/v1/jobs/batch" or not isinstance(payload, dict):
+        return call
+    jobs = payload.get("jobs")
+    if not isinstance(jobs, list) or len(jobs) <= count:
+        return call
+    kept = {**payload, "jobs": jobs[:count]}
+    return dataclasses.replace(call, payload=kept, body=dumps(kept))
+
+
+def _omit_ids(call: Call, reply: Reply, count: int) -> Reply:
+    """A 2xx batch answer listing only its first `count` jobs (any other answer unchanged)."""
+    if call.path != "/ojs/v1/jobs/batch" or not 200 <= reply.status < 300:
+        return reply
+    answer = loads(reply.raw) if reply.raw is not None else reply.body
+    if not isinstance(answer, dict) or not isinstance(answer.get("jobs"), list):
+        return reply
+    listed = answer["jobs"][:count]
+    return Reply(reply.status, None, reply.headers, raw=dumps({**answer, "jobs": listed}))
+
+
+def _split_json(body: bytes) -> tuple[bytes, bytes]:
+    """`body` cut before its final closing bracket or brace, where whitespace may go."""
+    stripped = body.rstrip()
+    if stripped.endswith((b"}", b"]")):
+        return stripped[:-1], stripped[-1:]
+    return body, b""
+
+
+def _reason(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """A server-side TLS context with this certificate (chain) and key; OSError or
+    ssl.SSLError if they cannot be loaded."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
 # --- serving it --------------------------------------------------------------------------
 
 
@@ -417,41 +549,56 @@ class RunningEmulator:
 
 
 async def start_emulator(
-    config: EmulatorConfig | None = None, *, host: str = "127.0.0.1", port: int = 0
+    config: EmulatorConfig | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> RunningEmulator:
-    """Serve a fresh emulator on host:port (port 0: a free one) and return at once."""
+    """Serve a fresh emulator on host:port (port 0: a free one) and return at once; over
+    HTTPS with `ssl_context`."""
     emulator = Emulator(config)
     # A short shutdown grace: in-flight answers are only scripted delays, woken by close().
     runner = web.AppRunner(emulator.make_app(), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         await site.start()
     except BaseException:
         await runner.cleanup()
         raise
     bound_host, bound_port = runner.addresses[0][:2]
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    return RunningEmulator(url=f"http://{shown}:{bound_port}", emulator=emulator, _runner=runner)
+    scheme = "http" if ssl_context is None else "https"
+    return RunningEmulator(
+        url=f"{scheme}://{shown}:{bound_port}", emulator=emulator, _runner=runner
+    )
 
 
-def serve(host: str, port: int, config: EmulatorConfig) -> None:
-    """Run an emulator until SIGTERM or SIGINT, then stop cleanly (``relayd emulator``)."""
+def serve(
+    host: str, port: int, config: EmulatorConfig, *, ssl_context: ssl.SSLContext | None = None
+) -> None:
+    """Run an emulator until SIGTERM or SIGINT, then stop cleanly (``relayd emulator``);
+    over HTTPS with `ssl_context`."""
     # The server keeps every job, event and ledger entry: with the default thresholds the
     # cyclic collector walks them all again and again (a fifth of a busy emulator's CPU).
     # Its objects form no cycles worth collecting sooner.
     gc.set_threshold(100_000, 50, 1000)
-    asyncio.run(_serve_until_signal(host, port, config))
+    asyncio.run(_serve_until_signal(host, port, config, ssl_context))
 
 
-async def _serve_until_signal(host: str, port: int, config: EmulatorConfig) -> None:
+async def _serve_until_signal(
+    host: str, port: int, config: EmulatorConfig, ssl_context: ssl.SSLContext | None
+) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     signals = (signal.SIGTERM, signal.SIGINT)
     for signum in signals:
         loop.add_signal_handler(signum, stop.set)
     try:
-        async with await start_emulator(config, host=host, port=port) as running:
+        async with await start_emulator(
+            config, host=host, port=port, ssl_context=ssl_context
+        ) as running:
             # The one line a user (or a test that asked for port 0) needs: where it listens.
             print(f"ojs-emulator listening on {running.url}", flush=True)  # noqa: T201
             await stop.wait()
