@@ -255,3 +255,23 @@ async def test_the_sink_freezes_after_storing(scene: Scene) -> None:
     assert await scene.dead() == {}
     assert await scene.published() == len(ids)
     await scene.check()
+
+
+async def test_a_request_held_past_the_deadline_on_a_sink_that_refuses_reused_ids(
+    scene: Scene,
+) -> None:
+    """The sink takes up the first POSTs 1.5 s late, after relayd gave up on them (the
+    window no client can close, docs/contract.md C4). On a sink that refuses a reused id the
+    late request is harmless: the retry's GET finds the job, or the late POST is refused;
+    nothing is created twice, dead-lettered or falsely published."""
+    sink = await scene.start_sink()  # spec409: a reused id is refused
+    await sink.faults({"action": "latency", "delay_ms": 1500, "method": "POST", "times": 3})
+    ids = await scene.produce(40)
+    await scene.relay("relay", RELAYD_SINK__BATCH="off")
+    await scene.drained()
+    await scene.check()
+    assert await scene.dead() == {}
+    assert await scene.published() == len(ids)
+    ledger = (await sink.ledger())["jobs"]
+    # The window was open: some job was asked for again after a late POST had created it.
+    assert any(entry["posts"] + entry["gets"] > 1 for entry in ledger.values()), ledger
