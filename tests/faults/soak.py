@@ -171,7 +171,7 @@ class Soak:
         twice by design, so the soak leaves it to test_sink_faults' refusing sink."""
         sink = self.stage.sink
         assert sink is not None
-        await sink.faults({"action": "latency", "delay_ms": 600, "method": "POST", "times": 5})
+        await sink.faults({"action": "latency", "delay_ms": 300, "method": "POST", "times": 5})
 
     async def late_answers(self) -> None:
         """Stored at once, answered after the deadline: relayd must find the jobs by GET."""
