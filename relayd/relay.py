@@ -61,9 +61,11 @@ from relayd.wakeup import Wakeup, WorkSignal
 from relayd.watermark import Watermark
 
 # An idle worker never sleeps less than this, even when a row is due "now" but was locked by
-# another claimer at the instant we looked. Each claim in a row that comes back empty while
-# rows are due doubles it, up to the poll interval: rows another session keeps locked (an
-# operator's open transaction, a long UPDATE) are retried at the poll rate, not spun on.
+# another claimer at the instant we looked. Each claim that comes back empty, with no
+# notification of new rows since the last, doubles it, up to the poll interval: rows another
+# session keeps locked (an operator's open transaction, a long UPDATE) are retried at the
+# poll rate, not spun on. A notification resets it: under a steady load a worker often finds
+# the rows it was woken for taken by another, and must not lag behind for it.
 _MIN_IDLE_S = 0.01
 
 
@@ -286,6 +288,7 @@ class RelayWorker:
         or NaN time from a row parked by hand), the worker sleeps at most the poll interval.
         """
         if self._ctx.wakeup.take():
+            self._empty_claims = 0
             return  # rows were committed while this worker was busy: claim them now
         timeout_s = self._relay.poll_interval_s
         try:
@@ -300,7 +303,8 @@ class RelayWorker:
         if due_s is not None and not math.isnan(due_s):
             floor_s = _MIN_IDLE_S * 2 ** min(self._empty_claims, 16)
             timeout_s = min(timeout_s, max(due_s, floor_s))
-        await self._ctx.wakeup.wait(timeout_s)
+        if await self._ctx.wakeup.wait(timeout_s):
+            self._empty_claims = 0  # notified: new rows, not the ones it could not take
 
     # --- publish -------------------------------------------------------------------------
 
