@@ -393,3 +393,20 @@ class TcpProxy:
 def dsn_as(dsn: str, role: str) -> str:
     """`dsn` logging in as `role` (trust authentication: no password)."""
     return re.sub(r"://[^:@/]+(?::[^@/]*)?@", f"://{role}@", dsn, count=1)
+
+
+class SinkHealthRecord:
+    """Where an OjsSink reports its exchanges (the breaker, in the daemon): counted here,
+    with each failure's severity."""
+
+    def __init__(self) -> None:
+        self.ok = 0
+        self.failed = 0
+        self.severities: list[bool] = []
+
+    def sink_ok(self) -> None:
+        self.ok += 1
+
+    def sink_failed(self, *, severe: bool) -> None:
+        self.failed += 1
+        self.severities.append(severe)

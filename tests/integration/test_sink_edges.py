@@ -21,6 +21,7 @@ from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emula
 from relayd.testing.faults import FaultRule
 from tests.support import (
     Database,
+    SinkHealthRecord,
     claimed,
     drained,
     eventually,
@@ -198,25 +199,11 @@ async def test_a_batch_stored_in_part_is_reconciled_before_anything_is_resent(
     assert await conn.fetchval("SELECT max(attempts) FROM relayd.outbox") == 1
 
 
-class _Health:
-    """Where the sink reports exchanges (the breaker, in the daemon): counted here."""
-
-    def __init__(self) -> None:
-        self.ok = 0
-        self.failed = 0
-
-    def sink_ok(self) -> None:
-        self.ok += 1
-
-    def sink_failed(self, *, severe: bool) -> None:
-        self.failed += 1
-
-
 async def test_no_post_leaves_after_the_start_by_time(emulator: RunningEmulator) -> None:
     """C4: a POST (single or batch) whose attempt's start-by time has passed is not sent; the
     rows come back NotStarted. A GET, which changes nothing on the sink, still is."""
     settings = relay_settings("postgresql://unused@127.0.0.1/x", emulator.url).sink
-    sink = OjsSink(settings, emulator.url, _Health())
+    sink = OjsSink(settings, emulator.url, SinkHealthRecord())
     await sink.start()
     try:
         rows = [claimed() for _ in range(3)]

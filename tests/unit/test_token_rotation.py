@@ -19,7 +19,7 @@ from relayd.models import Envelope, Outcome, Published, SinkDown
 from relayd.sinks.ojs import OjsSink
 from relayd.testing.emulator import EmulatorConfig, FaultRule, RunningEmulator, start_emulator
 from relayd.token_file import TokenFile
-from tests.support import claimed
+from tests.support import SinkHealthRecord, claimed
 
 OLD = "old-token-7Qk2"  # test tokens, not credentials
 NEW = "new-token-Zr81"
@@ -33,19 +33,6 @@ class _Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class _Health:
-    def __init__(self) -> None:
-        self.ok = 0
-        self.failed = 0
-
-    def sink_ok(self) -> None:
-        self.ok += 1
-
-    def sink_failed(self, *, severe: bool) -> None:
-        assert severe
-        self.failed += 1
 
 
 def rotate(path: Path, text: str) -> None:
@@ -170,7 +157,7 @@ async def _sink(
     emulator: RunningEmulator,
     path: Path,
     clock: _Clock,
-    health: _Health,
+    health: SinkHealthRecord,
     settings: SinkSettings | None = None,
 ) -> AsyncIterator[OjsSink]:
     sink = OjsSink(settings or _settings(emulator, path), emulator.url, health, clock=clock)
@@ -195,7 +182,7 @@ async def test_a_refusal_makes_the_sink_read_the_rotated_token(tmp_path: Path) -
     request after it is accepted. Nothing carries a token."""
     path = tmp_path / "token"
     path.write_text(OLD)
-    clock, health = _Clock(), _Health()
+    clock, health = _Clock(), SinkHealthRecord()
     with structlog.testing.capture_logs() as logs:
         async with (
             await start_emulator(EmulatorConfig(auth_token=NEW)) as emulator,
@@ -215,6 +202,7 @@ async def test_a_refusal_makes_the_sink_read_the_rotated_token(tmp_path: Path) -
             assert isinstance(accepted, Published)
             assert set(emulator.emulator.ledger()) == {event_id}
             assert (health.failed, health.ok) == (2, 1)
+            assert all(health.severities), "a refused token is a severe failure"
     assert [entry["event"] for entry in logs] == ["sink.token_reloaded"]
     assert not _leaks(logs)
     assert OLD not in refused.error + again.error
@@ -227,7 +215,7 @@ async def test_a_rotation_is_picked_up_within_a_second_without_a_refusal(
     Rotated back while requests succeed: the token in use stays until a second has passed."""
     path = tmp_path / "token"
     path.write_text(OLD)
-    clock, health = _Clock(), _Health()
+    clock, health = _Clock(), SinkHealthRecord()
     async with await start_emulator(EmulatorConfig(auth_token=NEW)) as emulator:
         loaded = _settings(emulator, path)
         rotate(path, NEW)  # after the configuration was loaded
@@ -246,7 +234,7 @@ async def test_a_rotation_is_picked_up_within_a_second_without_a_refusal(
 async def test_an_unusable_token_file_keeps_the_token_in_use(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text(OLD)
-    clock, health = _Clock(), _Health()
+    clock, health = _Clock(), SinkHealthRecord()
     with structlog.testing.capture_logs() as logs:
         async with (
             await start_emulator(EmulatorConfig(auth_token=OLD)) as emulator,
@@ -269,7 +257,7 @@ async def test_an_echoed_token_is_redacted_the_rotated_out_one_too(tmp_path: Pat
     echo = json.dumps(
         {"error": {"code": "unauthorized", "message": f"not {OLD!r}, not {json.dumps(NEW)}"}}
     )
-    clock, health = _Clock(), _Health()
+    clock, health = _Clock(), SinkHealthRecord()
     async with await start_emulator(EmulatorConfig(auth_token=NEW)) as emulator:
         loaded = _settings(emulator, path)
         rotate(path, NEW)
