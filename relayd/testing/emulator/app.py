@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
-import http
 import logging
 import re
 import secrets
@@ -42,13 +41,19 @@ from relayd.testing.emulator.wire import (
     invalid,
     loads,
 )
+from relayd.testing.emulator.wire_faults import (
+    Answer,
+    first_jobs,
+    omit_ids,
+    oversized,
+    trickle,
+)
 from relayd.testing.emulator.worker import WorkerEndpoints
 from relayd.testing.faults import FaultPlan, FaultRule
 
 logger = logging.getLogger(__name__)
 
 _CONTROL_BODY_BYTES = 1 << 20
-_OVERSIZED_CHUNK = b" " * (64 * 1024)
 
 
 class Emulator:
@@ -167,12 +172,13 @@ class Emulator:
             **reply.headers,
         }
         body = reply.raw if reply.raw is not None else dumps(reply.body)
+        answer = Answer(reply.status, headers, body)
         if rule is not None and rule.action == "trickle":
-            await self._trickle(request, reply.status, headers, body, rule.delay_ms)
+            await trickle(request, answer, rule.delay_ms, self._closing)
             # The transport is closed; aiohttp's write of this response fails quietly.
             return web.Response(status=500)
         if rule is not None and rule.action == "oversized":
-            return await self._oversized(request, reply.status, headers, body, rule.size_bytes)
+            return await oversized(request, answer, rule.size_bytes)
         return web.Response(status=reply.status, body=body, headers=headers)
 
     async def _serve(
@@ -202,7 +208,7 @@ class Emulator:
             if rule is not None and rule.action == "latency":
                 await self._pause(rule.delay_ms)
             if rule is not None and rule.action == "store_some_then_status":
-                call = _first_jobs(call, rule.count)
+                call = first_jobs(call, rule.count)
             reply = self._dispatch(call)
             if failpoints.ARMED and posted:
                 await failpoints.reach("sink_after_store")
@@ -225,7 +231,7 @@ class Emulator:
             case "store_then_status" | "store_some_then_status":
                 return self._fault_reply(rule, call.request_id)
             case "omit_ids":
-                return _omit_ids(call, reply, rule.count)
+                return omit_ids(call, reply, rule.count)
             case "oversized":
                 return dataclasses.replace(reply, status=rule.status)
         return reply
@@ -359,63 +365,6 @@ class Emulator:
             async with asyncio.timeout(delay_ms / 1000):
                 await self._closing.wait()
 
-    async def _trickle(
-        self,
-        request: web.Request,
-        status: int,
-        headers: dict[str, str],
-        body: bytes,
-        delay_ms: int,
-    ) -> None:
-        """Write the answer by hand on the raw transport: the status line and headers one
-        byte at a time, `delay_ms` apart, then the body; then close the connection. Stops
-        as soon as the client hangs up (or the emulator closes)."""
-        transport = request.transport
-        if transport is None:
-            return
-        reason = _reason(status)
-        lines = [f"HTTP/1.1 {status} {reason}"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
-        lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
-        head = "\r\n".join(lines).encode("latin-1")
-        for index in range(len(head)):
-            if transport.is_closing() or self._closing.is_set():
-                break
-            transport.write(head[index : index + 1])
-            await self._pause(delay_ms)
-        else:
-            if not transport.is_closing():
-                transport.write(body)
-        if not transport.is_closing():
-            transport.close()
-
-    async def _oversized(
-        self,
-        request: web.Request,
-        status: int,
-        headers: dict[str, str],
-        body: bytes,
-        size_bytes: int,
-    ) -> web.StreamResponse:
-        """The answer's JSON padded inside with spaces to `size_bytes` bytes (never less
-        than the body itself), streamed in chunks: whole, it is still valid JSON."""
-        head, tail = _split_json(body)
-        padding = max(size_bytes - len(body), 0)
-        response = web.StreamResponse(status=status, headers=headers)
-        response.content_length = len(body) + padding
-        try:
-            await response.prepare(request)
-            await response.write(head)
-            while padding > 0:
-                chunk = _OVERSIZED_CHUNK[: min(padding, len(_OVERSIZED_CHUNK))]
-                await response.write(chunk)
-                padding -= len(chunk)
-            await response.write(tail)
-            await response.write_eof()
-        except ConnectionError:
-            pass  # the client stopped reading and hung up, as it may
-        return response
-
     # --- control endpoints (no auth, no faults) ---------------------------------------
 
     def _control_routes(self) -> list[Route]:
@@ -468,44 +417,6 @@ class Emulator:
             raise invalid("advance_s must be a non-negative number", field="advance_s")
         self.advance_clock(float(advance))
         return Reply(200, {"now": format_time(self.now())})
-
-
-def _first_jobs(call: Call, count: int) -> Call:
-    """A batch call cut down to its first `count` jobs (any other call unchanged)."""
-    payload = call.payload if call.payload_ok else None
-    if call.path != "/ojs/v1/jobs/batch" or not isinstance(payload, dict):
-        return call
-    jobs = payload.get("jobs")
-    if not isinstance(jobs, list) or len(jobs) <= count:
-        return call
-    kept = {**payload, "jobs": jobs[:count]}
-    return dataclasses.replace(call, payload=kept, body=dumps(kept))
-
-
-def _omit_ids(call: Call, reply: Reply, count: int) -> Reply:
-    """A 2xx batch answer listing only its first `count` jobs (any other answer unchanged)."""
-    if call.path != "/ojs/v1/jobs/batch" or not 200 <= reply.status < 300:
-        return reply
-    answer = loads(reply.raw) if reply.raw is not None else reply.body
-    if not isinstance(answer, dict) or not isinstance(answer.get("jobs"), list):
-        return reply
-    listed = answer["jobs"][:count]
-    return Reply(reply.status, None, reply.headers, raw=dumps({**answer, "jobs": listed}))
-
-
-def _split_json(body: bytes) -> tuple[bytes, bytes]:
-    """`body` cut before its final closing bracket or brace, where whitespace may go."""
-    stripped = body.rstrip()
-    if stripped.endswith((b"}", b"]")):
-        return stripped[:-1], stripped[-1:]
-    return body, b""
-
-
-def _reason(status: int) -> str:
-    try:
-        return http.HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
 
 
 def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
