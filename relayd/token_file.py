@@ -64,7 +64,6 @@ class TokenFile:
         self._signature: _Signature | None = None
         self._checked_at = float("-inf")
         self._unusable = False
-        self._seen = [token]
 
     @property
     def value(self) -> str:
@@ -72,11 +71,6 @@ class TokenFile:
         if self._clock() - self._checked_at >= self._interval_s:
             self.refresh()
         return self._token
-
-    @property
-    def seen(self) -> tuple[str, ...]:
-        """Every token this file held while relayd used it, oldest first (for redaction)."""
-        return tuple(self._seen)
 
     def refresh(self) -> bool:
         """Look at the file now; True if it holds a new token, used from now on."""
@@ -101,8 +95,6 @@ class TokenFile:
         if token == self._token:
             return False
         self._token = token
-        if token not in self._seen:
-            self._seen.append(token)
         get_logger("sink").info("sink.token_reloaded", path=str(self.path))
         return True
 

@@ -100,9 +100,8 @@ class OjsSink:
             if token and settings.token_file is not None
             else None
         )
-        self._secrets: tuple[bytes, ...] = ()
-        self._secrets_of = 0
-        self._sync_secrets()
+        # Every form of every token this sink has sent: rotated-out ones stay redacted.
+        self._secrets = secret_forms(token) if token else ()
 
     async def start(self) -> None:
         # Authorization is set per request: the token may change while the session lives.
@@ -348,9 +347,9 @@ class OjsSink:
                 code = str(response.status)
                 if response.status in (401, 403) and self._token_file is not None:
                     # Refused: the operator may have rotated the token; the next request
-                    # (the breaker's probe) sends the file's new one.
+                    # (the breaker's probe) sends the file's new one. This answer can only
+                    # echo the token it was sent, which is redacted already.
                     self._token_file.refresh()
-                    self._sync_secrets()
                 if not 200 <= response.status < 300:
                     # Error text may reach logs and last_error; a server or proxy that
                     # echoes our Authorization header must not put the token there.
@@ -365,23 +364,13 @@ class OjsSink:
 
     def _bearer(self) -> str | None:
         """The token to send now: the token file's current one (see TokenFile.value)."""
-        if self._token_file is None:
-            return self._token
-        token = self._token_file.value
-        if token != self._token:
-            self._token = token
-            self._sync_secrets()
-        return token
-
-    def _sync_secrets(self) -> None:
-        """Redact every token relayd has held, the rotated-out ones too."""
-        tokens = self._token_file.seen if self._token_file is not None else (self._token or "",)
-        tokens = tuple(token for token in tokens if token)
-        if len(tokens) == self._secrets_of:
-            return
-        forms = {form for token in tokens for form in secret_forms(token)}
-        self._secrets = tuple(sorted(forms, key=len, reverse=True))
-        self._secrets_of = len(tokens)
+        if self._token_file is not None:
+            token = self._token_file.value
+            if token != self._token:
+                self._token = token
+                forms = {*self._secrets, *secret_forms(token)}
+                self._secrets = tuple(sorted(forms, key=len, reverse=True))
+        return self._token
 
     def _noted(self, outcome: _O) -> _O:
         """Tell the breaker whether this exchange showed a healthy sink."""
