@@ -98,6 +98,7 @@ class RelayMetrics:
             ["method", "code"],
             registry=r,
         )
+        self._sink_request_children: dict[tuple[str, str], Counter] = {}
         # --- the backlog, sampled every metrics.sample_interval_s (relayd/sampler.py) ---
         self.outbox_rows = Gauge(
             "relayd_outbox_rows",
@@ -160,7 +161,11 @@ class RelayMetrics:
 
     def count_sink_request(self, method: str, code: str) -> None:
         """One HTTP exchange with the sink (`OjsSink` is given this, not the registry)."""
-        self.sink_requests.labels(method, code).inc()
+        key = (method, code)
+        child = self._sink_request_children.get(key)
+        if child is None:  # a bounded set: two methods, HTTP statuses, "error", "timeout"
+            child = self._sink_request_children[key] = self.sink_requests.labels(method, code)
+        child.inc()
 
     def set_backlog(self, backlog: Backlog, *, sampled_at: float | None = None) -> None:
         """Publish one backlog sample; `sampled_at` is unix time (default: now)."""

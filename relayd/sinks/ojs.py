@@ -393,6 +393,8 @@ async def _read_body(stream: aiohttp.StreamReader) -> bytes:
             break
         chunks.append(chunk)
         size += len(chunk)
+        if stream.at_eof():  # the usual answer arrives whole: no second read to learn it
+            break
     return b"".join(chunks)
 
 

@@ -107,15 +107,14 @@ def classify_post(response: Response, event_id: str) -> Outcome | Reconcile:
     """What one POST /ojs/v1/jobs answer means for the row (docs/ojs.md#outcomes)."""
     status = response.status
     if 200 <= status < 300:
-        job = _job_of(response.body)
+        job = _accepted_job(response.body)
         if job is None:
             # Accepted, but by whom? A proxy's 200 page is not an OJS acceptance: reconcile.
             return RetryLater(f"HTTP {status} with an unreadable body")
-        state = str(job.get("state") or "accepted")
-        if job["id"] == event_id:
-            return Published(sink_state=state)
+        if job.id == event_id:
+            return _published(job.state or "accepted")
         # 200 with another id: the sink's unique policy kept an existing job instead.
-        return Published(sink_state="deduplicated", sink_job_id=job["id"])
+        return Published(sink_state="deduplicated", sink_job_id=job.id)
     error = parse_error(response.body)
     text = error.describe(status)
     if error.code == "queue_paused":
@@ -284,9 +283,25 @@ class _BatchAnswer(msgspec.Struct):
     jobs: list[_JobRef]
 
 
-# A batch answer echoes every job in full; only ids and states matter here, and a typed
-# decode skips the rest without building it.
+class _Answer(msgspec.Struct):
+    job: _JobRef
+
+
+# An answer echoes every job in full; only ids and states matter here, and a typed decode
+# skips the rest without building it.
+_ANSWER = msgspec.json.Decoder(_Answer)
 _BATCH_ANSWER = msgspec.json.Decoder(_BatchAnswer)
+
+
+def _accepted_job(body: bytes) -> _JobRef | None:
+    """The id and state of the job a 2xx answer to one POST names, or None if it names none."""
+    try:
+        return _ANSWER.decode(body).job
+    except (msgspec.DecodeError, RecursionError):  # not the usual shape: read it leniently
+        job = _job_of(body)
+        return None if job is None else _JobRef(job["id"], str(job.get("state") or "accepted"))
+
+
 _NOT_LISTED = RetryLater("the batch was accepted but its answer does not list this id")
 
 

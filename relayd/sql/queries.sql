@@ -20,7 +20,9 @@
 -- from $5 on (leased, scheduled or paused ones too), and `writers_since`, the start of the
 -- oldest transaction of this database that has written something and not ended (its rows,
 -- when it commits, were inserted no earlier; NULL if a writer's start is hidden from this
--- role). One row with NULL claim columns when nothing was claimed, so the marks arrive.
+-- role). They arrive on one extra row whose claim columns are NULL (last, though nothing
+-- orders the two parts; the caller looks for it), so that a claim of 100 rows does not
+-- send and decode the same two timestamps 100 times.
 -- params: $1 limit int, $2 owner token uuid, $3 lease_s float8, $4 outbox table text,
 --         $5 scan from timestamptz (NULL: the whole index)
 WITH marks AS (
@@ -69,8 +71,11 @@ claimed AS (
               (extract(epoch FROM clock_timestamp()) - extract(epoch FROM o.created_at))::float8
                   AS age_s
 )
-SELECT claimed.*, marks.head, marks.writers_since
-FROM marks LEFT JOIN claimed ON true;
+SELECT claimed.*, NULL::timestamptz AS head, NULL::timestamptz AS writers_since
+FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, marks.head, marks.writers_since
+FROM marks;
 
 -- name: settle_published
 -- Mark rows the sink accepted. Fenced: only the claim's owner token may settle (C3).

@@ -66,6 +66,16 @@ def _err(code: str, **details: Any) -> dict[str, Any]:
             Published("deduplicated", sink_job_id=OTHER),
         ),
         (_answer(201, b"<html>ok</html>"), RetryLater("HTTP 201 with an unreadable body")),
+        # Shapes the typed decode refuses are read leniently, with the same verdicts.
+        (_answer(201, {"job": {"id": ID}, "extra": [1]}), Published("accepted")),
+        (_answer(201, {"job": {"id": ID, "state": None}}), Published("accepted")),
+        (_answer(201, {"job": {"id": ID, "state": 7}}), Published("7")),
+        (
+            _answer(201, {"job": {"id": 5, "state": "available"}}),
+            RetryLater("HTTP 201 with an unreadable body"),
+        ),
+        (_answer(201, {"job": None}), RetryLater("HTTP 201 with an unreadable body")),
+        (_answer(201, [{"job": {"id": ID}}]), RetryLater("HTTP 201 with an unreadable body")),
         (
             _answer(400, _err("invalid_request")),
             DeadLetter(DeadReason.SINK_REJECTED, "HTTP 400: invalid_request: m"),
