@@ -43,9 +43,11 @@ FILL_CHUNK = 500_000
 # millisecond: the observer costs next to nothing, and the end of a drain is seen within
 # this. (Not under a held snapshot: see horizon.py.)
 POLL_S = 0.05
-# How often the emulator forgets its jobs during a measurement (see sink_kept_small): a
-# few seconds' worth of jobs at most, some ten thousand.
-SINK_RESET_S = 2.0
+# How often the emulator forgets its jobs during a measurement (see sink_kept_small): half a
+# second's worth at most, a few thousand at `lag`'s 5,000 rows/s. The emulator's pauses
+# (its garbage collector's, and forgetting itself) grow with what it holds; at 2 s they
+# were 10-20 ms and made most of `lag`'s p99 (bench/README.md, "The sink").
+SINK_RESET_S = 0.5
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 # The rows every scenario but `lag` relays: an OJS envelope of about 230 bytes, in eight
@@ -481,10 +483,15 @@ def _distinct_ports(count: int) -> list[int]:
 # --- the emulator ------------------------------------------------------------------------
 
 
-async def reset_emulator(bench: Bench) -> None:
+async def reset_emulator(bench: Bench, http: aiohttp.ClientSession | None = None) -> None:
     """Forget every job: each measurement starts on an empty sink, and a long drain does not
-    grow the emulator's memory without bound."""
-    async with aiohttp.ClientSession() as http, http.post(f"{bench.sink_url}/_emulator/reset") as r:
+    grow the emulator's memory without bound. `http`: a session to reuse (see
+    sink_kept_small); a new one costs this process milliseconds of CPU."""
+    if http is None:
+        async with aiohttp.ClientSession() as own:
+            await reset_emulator(bench, own)
+        return
+    async with http.post(f"{bench.sink_url}/_emulator/reset") as r:
         if r.status != 200:
             raise BenchError(f"the emulator's reset answered HTTP {r.status}")
 
@@ -501,9 +508,12 @@ async def sink_kept_small(bench: Bench, enabled: bool = True) -> AsyncIterator[N
         return
 
     async def janitor() -> None:
-        while True:
-            await asyncio.sleep(SINK_RESET_S)
-            await reset_emulator(bench)
+        # One session for every reset: this process also runs `lag`'s producers, and a new
+        # session (its TLS context, its connection) would stall them every SINK_RESET_S.
+        async with aiohttp.ClientSession() as http:
+            while True:
+                await asyncio.sleep(SINK_RESET_S)
+                await reset_emulator(bench, http)
 
     task = asyncio.create_task(janitor())
     try:
