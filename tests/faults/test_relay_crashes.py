@@ -54,7 +54,11 @@ async def test_sigstop_past_the_lease_then_sigcont(scene: Scene, point: str) -> 
     is too old), and its late settle must change nothing (counted stale)."""
     await scene.start_sink(*OVERWRITE)
     ids = await scene.produce(30)
-    frozen = await scene.relay("frozen", failpoints=f"{point}=pause@1", RELAYD_RELAY__WORKERS="1")
+    # Not waited on for /healthz: the rows are there already, and a relay that stops itself
+    # before its HTTP listener first answers would never answer.
+    frozen = await scene.relay(
+        "frozen", failpoints=f"{point}=pause@1", ready=False, RELAYD_RELAY__WORKERS="1"
+    )
     await frozen.fired(point)
     assert frozen.stopped()
     # The lease runs out in real time (3 s): the frozen relay's own clock must see it too.
