@@ -46,7 +46,7 @@ POLL_S = 0.05
 # How often the emulator forgets its jobs during a measurement (see sink_kept_small): half a
 # second's worth at most, a few thousand at `lag`'s 5,000 rows/s. The emulator's pauses
 # (its garbage collector's, and forgetting itself) grow with what it holds; at 2 s they
-# were 10-20 ms and made most of `lag`'s p99 (bench/README.md, "The sink").
+# were 6-21 ms and made most of `lag`'s p99 (bench/README.md, "The sink").
 SINK_RESET_S = 0.5
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

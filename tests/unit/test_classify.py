@@ -66,7 +66,8 @@ def _err(code: str, **details: Any) -> dict[str, Any]:
             Published("deduplicated", sink_job_id=OTHER),
         ),
         (_answer(201, b"<html>ok</html>"), RetryLater("HTTP 201 with an unreadable body")),
-        # Shapes the typed decode refuses are read leniently, with the same verdicts.
+        # Unusual shapes: extra or null fields (the typed decode takes them), and shapes it
+        # refuses (read leniently): the verdicts match what the lenient reading gives.
         (_answer(201, {"job": {"id": ID}, "extra": [1]}), Published("accepted")),
         (_answer(201, {"job": {"id": ID, "state": None}}), Published("accepted")),
         (_answer(201, {"job": {"id": ID, "state": 7}}), Published("7")),
