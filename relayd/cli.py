@@ -267,10 +267,10 @@ def _add_operator_commands(
     commands: argparse._SubParsersAction[argparse.ArgumentParser],
     common: argparse.ArgumentParser,
 ) -> None:
-    """`dlq`, `pause` and `resume`: operator actions on the outbox, each audited. The handlers
-    (relayd/deadletters.py, relayd/pauses.py) check their own option values, so that a bad
-    one is a single line and exit 2."""
-    from relayd import deadletters, pauses  # noqa: PLC0415 - kept with the commands it adds
+    """`dlq`, `held`, `pause` and `resume`: operator actions on the outbox, each audited. The
+    handlers (relayd/deadletters.py, relayd/held.py, relayd/pauses.py) check their own option
+    values, so that a bad one is a single line and exit 2."""
+    from relayd import deadletters, held, pauses  # noqa: PLC0415 - kept with the commands it adds
 
     filters = argparse.ArgumentParser(add_help=False)
     filters.add_argument(
@@ -339,16 +339,22 @@ def _add_operator_commands(
     dlq_discard.add_argument("--dead-reason", metavar="REASON", help="filter on dead_reason")
     dlq_discard.set_defaults(handler=deadletters.discard_command)
 
+    held.add_commands(commands, common)
+
     pause = commands.add_parser(
-        "pause", parents=[common], help="stop claiming a queue, or every queue, on every relay"
+        "pause",
+        parents=[common],
+        help="stop claiming a queue or a job type, or everything, on every relay",
     )
     pause.add_argument("--queue", help="one queue (default: every queue)")
+    pause.add_argument("--type", help="one job type (default: every type)")
     pause.add_argument("--reason", metavar="TEXT", help="why (required; audited)")
     pause.add_argument("--actor", metavar="NAME", help="who acts, for the audit (the OS user)")
     pause.add_argument("--json", action="store_true", help="machine-readable output")
     pause.set_defaults(handler=pauses.pause_command)
     resume = commands.add_parser("resume", parents=[common], help="lift a pause")
     resume.add_argument("--queue", help="one queue (default: the pause of every queue)")
+    resume.add_argument("--type", help="one job type (default: the pause of every type)")
     resume.add_argument("--reason", metavar="TEXT", help="why (optional; audited)")
     resume.add_argument("--actor", metavar="NAME", help="who acts, for the audit (the OS user)")
     resume.add_argument("--json", action="store_true", help="machine-readable output")

@@ -185,12 +185,13 @@ class RelaySettings(_Section):
     poll_interval_s: float = Field(default=2.0, gt=0, le=_MAX_DURATION_S)
     listen: bool = True
     shutdown_grace_s: float = Field(default=10.0, ge=0, le=_MAX_DURATION_S)
-    # The poison-storm guard (relayd/storm.py): more than this share of the last
-    # storm_window settled rows rejected by the sink pauses the outbox instead of
-    # dead-lettering it. 1.0 turns the guard off (more than all is impossible).
     # How often a claim reads the whole claim index rather than from its watermark
     # (relayd/watermark.py): the longest a row inserted with a past available_at can wait.
     full_scan_interval_s: float = Field(default=10.0, gt=0, le=_MAX_DURATION_S)
+    # The poison-storm guard (relayd/storm.py): more than this share of the last
+    # storm_window settled rows of one queue and type rejected by the sink pauses that queue
+    # and type instead of dead-lettering them. 1.0 turns the guard off (more than all is
+    # impossible).
     storm_threshold: float = Field(default=0.5, gt=0, le=1)
     storm_window: int = Field(default=100, ge=1, le=100_000)
 

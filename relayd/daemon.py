@@ -17,6 +17,7 @@ import functools
 import os
 import random
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
@@ -25,12 +26,13 @@ from relayd import reconnect, systemd
 from relayd.cleanup import clean_published
 from relayd.config import Settings, parse_listen
 from relayd.errors import EXIT_FAILURE, EXIT_OK, DatabaseUnavailable, ListenError, WorkerCrashed
+from relayd.housekeeping import Chore, Housekeeping
 from relayd.listener import listen_for_inserts
 from relayd.logs import configure_logging, get_logger
 from relayd.metrics import RelayMetrics
 from relayd.migrate import require_current
 from relayd.reconnect import DatabaseRetry
-from relayd.relay import BreakerGate, RelayContext, RelayWorker
+from relayd.relay import BreakerGate, RelayContext, RelayWorker, store_storm_pauses
 from relayd.retry import Backoff, BreakerState, CircuitBreaker
 from relayd.sampler import InstanceInfo, Sampler
 from relayd.sinks.ojs import OjsSink
@@ -38,7 +40,7 @@ from relayd.status import build_report, report_json
 from relayd.store import Store
 from relayd.storm import StormGuard
 from relayd.wakeup import WorkSignal
-from relayd.web import make_app, start_web
+from relayd.web import Readiness, make_app, start_web
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -74,6 +76,8 @@ class Daemon:
         self._database = DatabaseRetry(
             Backoff(base_s=reconnect.BASE_S, cap_s=reconnect.CAP_S, rng=self._rng), self.metrics
         )
+        self.housekeeping = Housekeeping(self.metrics, self._database, self.stopping)
+        self._storm: StormGuard | None = None
         self._gate: BreakerGate | None = None
         # Set once PostgreSQL answered; until then /readyz and /v1/status say it does not.
         self._store: Store | None = None
@@ -159,12 +163,10 @@ class Daemon:
         sampler = Sampler(
             store=ctx.store,
             metrics=self.metrics,
-            database=self._database,
-            interval_s=settings.metrics.sample_interval_s,
             lease_s=settings.relay.lease_s,
-            stopping=self.stopping,
             instance=self.instance,
             activity=lambda: (ctx.gate.state, sum(w.in_flight for w in self.workers)),
+            housekeeping=self.housekeeping,
         )
         self.backlog_status = sampler.summary
         self._log.info(
@@ -197,17 +199,12 @@ class Daemon:
                                 ),
                                 name="wakeup-listener",
                             )
-                        tasks.create_task(
-                            self._supervised(sampler.run(), "backlog-sampler"),
-                            name="backlog-sampler",
-                        )
-                        if settings.cleanup.enabled:
+                        for chore, interval_s, step in self._chores(ctx, sampler):
                             tasks.create_task(
                                 self._supervised(
-                                    clean_published(ctx.store, settings.cleanup, self.stopping),
-                                    "retention-cleanup",
+                                    self.housekeeping.every(chore, interval_s, step), chore
                                 ),
-                                name="retention-cleanup",
+                                name=chore,
                             )
                 except* Exception as crashed:  # only if _supervised itself failed
                     self._crashed = True
@@ -230,6 +227,29 @@ class Daemon:
             exit_code=code,
         )
         return code
+
+    def _chores(
+        self, ctx: RelayContext, sampler: Sampler
+    ) -> list[tuple[Chore, float, Callable[[], Awaitable[object]]]]:
+        """The housekeeping chores of this process, each with its period and its step."""
+        settings = self.settings
+        sample_s = settings.metrics.sample_interval_s
+        chores: list[tuple[Chore, float, Callable[[], Awaitable[object]]]] = [
+            (Chore.SAMPLER, sample_s, sampler.sample),
+            (Chore.HEARTBEAT, sample_s, sampler.beat),
+            # Idle unless the storm guard tripped and could not store its pause at once.
+            (Chore.STORM_PAUSE, settings.relay.poll_interval_s, lambda: store_storm_pauses(ctx)),
+        ]
+        if settings.cleanup.enabled:
+            cleanup = settings.cleanup
+            chores.append(
+                (
+                    Chore.CLEANUP,
+                    cleanup.interval_s,
+                    lambda: clean_published(ctx.store, cleanup, self.stopping),
+                )
+            )
+        return chores
 
     async def _supervised(self, work: Awaitable[None], task: str) -> None:
         """Run one of the daemon's tasks; if it fails, say so loudly and drain the rest.
@@ -291,6 +311,9 @@ class Daemon:
             rng=self._rng,
         )
         self._gate = BreakerGate(breaker, self.metrics, self.stopping)
+        self._storm = StormGuard(
+            threshold=self.settings.relay.storm_threshold, window=self.settings.relay.storm_window
+        )
         return RelayContext(
             settings=self.settings,
             store=store,
@@ -306,16 +329,19 @@ class Daemon:
             metrics=self.metrics,
             backoff=Backoff(base_s=retry.base_s, cap_s=retry.cap_s, rng=self._rng),
             database=self._database,
-            storm=StormGuard(
-                threshold=self.settings.relay.storm_threshold,
-                window=self.settings.relay.storm_window,
-            ),
+            storm=self._storm,
             slots=asyncio.Semaphore(self.settings.sink.concurrency),
+            housekeeping=self.housekeeping,
+            actor=f"relayd@{socket.gethostname()}",
             on_idle=self.stop if self._until_idle else None,
         )
 
-    async def _readiness(self) -> str | None:
-        """None when ready, else why not (`/readyz`)."""
+    async def _readiness(self) -> Readiness:
+        """`/readyz`: why this relay is not ready, if it is not, and its failing chores."""
+        detail = {"housekeeping": self.housekeeping.as_json()} if self.housekeeping.failing else {}
+        return Readiness(await self._not_ready(), detail)
+
+    async def _not_ready(self) -> str | None:
         store = self._store
         if store is None:
             return "database unreachable"  # still waiting for PostgreSQL at start-up
@@ -323,6 +349,12 @@ class Daemon:
             return "starting"
         if self._gate is not None and self._gate.state is BreakerState.OPEN:
             return "sink circuit breaker open"
+        held = [] if self._storm is None else self._storm.unstored()
+        if held:
+            # The guard's pause could not be stored: this process holds those rows itself,
+            # and the other replicas do not know to.
+            keys = ", ".join(f"queue {queue} type {job_type}" for queue, job_type in held)
+            return f"poison-storm pause not stored; holding {keys} in this process"
         try:
             async with asyncio.timeout(2):
                 await store.ping()

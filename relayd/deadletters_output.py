@@ -10,8 +10,8 @@ from typing import Any, TextIO
 
 from relayd import jsonvalue
 from relayd.deadletters_actions import ActionSummary
-from relayd.models import CONTROL_CHARS
 from relayd.operator_models import DeadLetterRow, DlqAction
+from relayd.terminal import printable
 
 # Ids printed by name in a human summary; past that, counts only.
 _IDS_SHOWN = 20
@@ -72,7 +72,7 @@ def render_show(row: DeadLetterRow, out: TextIO) -> None:
     for name, value in fields:
         out.write(f"{name.ljust(width)}  {value}\n")
     out.write("envelope:\n")
-    out.write(pretty_job(row.job or "") + "\n")
+    out.write("\n".join(printable(line) for line in pretty_job(row.job or "").splitlines()) + "\n")
 
 
 def pretty_job(text: str) -> str:
@@ -85,12 +85,13 @@ def pretty_job(text: str) -> str:
 
 
 def render_summary(summary: ActionSummary, out: TextIO, *, actor: str) -> None:
+    held = summary.action is DlqAction.DISCARD_HELD
     if summary.matched == 0:
-        out.write("no dead letters match: nothing to do\n")
+        out.write(f"no {'held rows' if held else 'dead letters'} match: nothing to do\n")
         return
     verbs = _VERBS[summary.action]
     done, skip = (verbs[1], "would skip") if summary.dry_run else (verbs[0], "skipped")
-    noun = "dead letter" if summary.changed == 1 else "dead letters"
+    noun = ("held row" if held else "dead letter") + ("" if summary.changed == 1 else "s")
     batches = "1 batch" if summary.batches == 1 else f"{summary.batches} batches"
     head = f"{done} {summary.changed} {noun} in {batches}"
     if summary.skipped:
@@ -104,7 +105,7 @@ def render_summary(summary: ActionSummary, out: TextIO, *, actor: str) -> None:
         label = verbs[1] if summary.dry_run else verbs[2]
         out.write(f"  {label}: {', '.join(summary.changed_ids)}\n")
     for result in summary.skipped[:_IDS_SHOWN]:
-        out.write(f"  {skip} {result.event_id}: {result.detail}\n")
+        out.write(printable(f"  {skip} {result.event_id}: {result.detail}") + "\n")
     if len(summary.skipped) > _IDS_SHOWN:
         more = len(summary.skipped) - _IDS_SHOWN
         out.write(f"  ... and {more} more (--json lists them all)\n")
@@ -114,6 +115,7 @@ def render_summary(summary: ActionSummary, out: TextIO, *, actor: str) -> None:
 _VERBS = {
     DlqAction.REDRIVE: ("redrove", "would redrive", "redriven"),
     DlqAction.DISCARD: ("discarded", "would discard", "discarded"),
+    DlqAction.DISCARD_HELD: ("discarded", "would discard", "discarded"),
 }
 
 
@@ -186,8 +188,8 @@ def _short_time(value: datetime | None) -> str:
 
 
 def _clean(value: str | None) -> str | None:
-    """Stored text, safe on a terminal: control characters become spaces."""
-    return None if value is None else CONTROL_CHARS.sub(" ", value)
+    """Stored text, safe on a terminal (relayd/terminal.py)."""
+    return None if value is None else printable(value)
 
 
 def _cell(value: str | None, most: int) -> str:

@@ -99,6 +99,31 @@ class RelayMetrics:
             registry=r,
         )
         self._sink_request_children: dict[tuple[str, str], Counter] = {}
+        # --- housekeeping (relayd/housekeeping.py) and the poison-storm guard ---
+        self.housekeeping_failures = Counter(
+            "relayd_housekeeping_failures",
+            "Runs of a housekeeping chore (cleanup, sampler, heartbeat, storm_pause) whose "
+            "statement PostgreSQL refused; publishing goes on.",
+            ["chore"],
+            registry=r,
+        )
+        self.housekeeping_failing = Gauge(
+            "relayd_housekeeping_failing",
+            "1 while a housekeeping chore's last run failed, else 0.",
+            ["chore"],
+            registry=r,
+        )
+        self.storm_trips = Counter(
+            "relayd_poison_storm_trips",
+            "Times the poison-storm guard tripped on a queue and job type.",
+            registry=r,
+        )
+        self.storm_local_holds = Gauge(
+            "relayd_poison_storm_local_holds",
+            "Queues and types the poison-storm guard holds in this process alone, because "
+            "their pause could not be stored (other replicas do not hold them).",
+            registry=r,
+        )
         # --- the backlog, sampled every metrics.sample_interval_s (relayd/sampler.py) ---
         self.outbox_rows = Gauge(
             "relayd_outbox_rows",

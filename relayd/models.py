@@ -91,6 +91,9 @@ class DeadReason(enum.StrEnum):
     SINK_UNPROCESSABLE = "sink_unprocessable"  # 422 validation_error / unsupported
     CONFLICT = "conflict"  # the id holds a different job on the sink (C2)
     MAX_ATTEMPTS = "max_attempts"
+    # Set by an operator, never by the relay: a row held by a pause, discarded from there
+    # (`relayd held discard`). Such a row is marked discarded at once.
+    HELD_DISCARDED = "held_discarded"
 
 
 class InvalidEnvelope(ValueError):
@@ -289,7 +292,16 @@ class NotStarted:
     """The attempt never began (stop or open breaker): release the claim."""
 
 
-Outcome = Published | RetryLater | SinkDown | DeadLetter | NotStarted
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Not sent: the poison-storm guard holds the row's queue and type (relayd/storm.py).
+    Due again after `retry_after_s`, without using an attempt."""
+
+    error: str
+    retry_after_s: float
+
+
+Outcome = Published | RetryLater | SinkDown | DeadLetter | NotStarted | Held
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
-"""Values of the operator surface (`relayd dlq`, `relayd pause`, `relayd resume`) that cross
-between the commands and the store: which dead letters to act on, what a batch did to each
-row, the audit entry it wrote, and the pauses. Nothing here does I/O.
+"""Values of the operator surface (`relayd dlq`, `relayd held`, `relayd pause`, `relayd
+resume`) that cross between the commands and the store: which dead letters (or held rows) to
+act on, what a batch did to each row, the audit entry it wrote, and the pauses. Nothing here
+does I/O.
 """
 
 from __future__ import annotations
@@ -10,15 +11,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-# The queue of a pause that stops every queue (relayd_pauses.queue).
+# The queue (relayd_pauses.queue) or type (relayd_pauses.type) of a pause that holds every
+# queue, or every type.
 EVERY_QUEUE = "*"
+EVERY_TYPE = "*"
 
 
 class DlqAction(enum.StrEnum):
-    """A mutating dead-letter action; its value is the audit trail's `action`."""
+    """A mutating operator action on rows; its value is the audit trail's `action`."""
 
     REDRIVE = "dlq.retry"
     DISCARD = "dlq.discard"
+    DISCARD_HELD = "held.discard"  # pending rows held by a pause, discarded from there
 
 
 class PauseAction(enum.StrEnum):
@@ -103,6 +107,8 @@ class RowOutcome(enum.StrEnum):
     REFUSED = "refused"  # the table's checks would refuse it as a pending row
     ALREADY_DISCARDED = "already_discarded"
     NOT_DEAD = "not_dead"  # pending or published: not a dead letter
+    NOT_HELD = "not_held"  # published, dead, or pending in no paused queue and type
+    IN_FLIGHT = "in_flight"  # held, but its attempt (claimed before the pause) still runs
     NOT_FOUND = "not_found"
 
     @property
@@ -143,9 +149,80 @@ class DeadLetterBatch:
     audit_id: int | None  # the action's audit row, once a batch changed something
 
 
+def describe_pause(queue: str, job_type: str) -> str:
+    """What a pause holds, in words: `every queue`, `queue orders`, `type mail.send in every
+    queue`, `queue orders, type order.fulfill`."""
+    if job_type == EVERY_TYPE:
+        return "every queue" if queue == EVERY_QUEUE else f"queue {queue}"
+    if queue == EVERY_QUEUE:
+        return f"type {job_type} in every queue"
+    return f"queue {queue}, type {job_type}"
+
+
 @dataclass(frozen=True, slots=True)
 class Pause:
+    """A row of relayd_pauses: `queue` and `type` held (`'*'`: every one)."""
+
     queue: str
+    type: str
     reason: str
     paused_by: str
     paused_at: datetime
+
+    def describe(self) -> str:
+        return describe_pause(self.queue, self.type)
+
+    def holds(self, queue: str, job_type: str) -> bool:
+        """Whether this pause holds rows of `queue` and `job_type`."""
+        return self.queue in (EVERY_QUEUE, queue) and self.type in (EVERY_TYPE, job_type)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "type": self.type,
+            "reason": self.reason,
+            "paused_by": self.paused_by,
+            "paused_at": self.paused_at.isoformat(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class HeldFilter:
+    """Which held rows: each set field narrows the selection (all unset: every one)."""
+
+    queue: str | None = None
+    type: str | None = None
+    error_contains: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            name: value
+            for name in ("queue", "type", "error_contains")
+            if (value := getattr(self, name)) is not None
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRow:
+    """A pending row a pause holds, as `relayd held list` shows it."""
+
+    event_id: str
+    created_at: datetime
+    available_at: datetime
+    queue: str | None
+    type: str | None
+    attempts: int
+    last_error: str | None
+    last_attempt_at: datetime | None
+    in_flight: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HeldPage:
+    """One batch of `relayd held discard --all`: the next `limit` held rows that `filters`
+    select after the keyset cursor `after` ((available_at, event_id) in claim order; None:
+    from the start)."""
+
+    filters: HeldFilter
+    limit: int
+    after: tuple[datetime, str] | None = None

@@ -1,5 +1,5 @@
 """`relayd pause` and `relayd resume`: stop and restart claiming, for one queue or every one,
-on every relay of the outbox at once.
+one job type or every one, on every relay of the outbox at once.
 
 A pause is a row of `relayd_pauses`, database state: the claim statement skips paused queues,
 so every running relay obeys from its next claim, and a relay started later obeys too. A
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from relayd.config import load_settings
 from relayd.errors import EXIT_OK
-from relayd.models import MAX_QUEUE_CHARS, QUEUE_PATTERN
+from relayd.models import MAX_QUEUE_CHARS, MAX_TYPE_CHARS, QUEUE_PATTERN, TYPE_PATTERN
 from relayd.operator import (
     BadInput,
     check_text,
@@ -25,7 +25,8 @@ from relayd.operator import (
     operator_store,
     resolve_actor,
 )
-from relayd.operator_models import EVERY_QUEUE, Pause
+from relayd.operator_models import EVERY_QUEUE, EVERY_TYPE, Pause, describe_pause
+from relayd.terminal import printable
 
 if TYPE_CHECKING:
     import argparse
@@ -47,10 +48,24 @@ def queue_arg(value: str | None) -> str:
     return value
 
 
+def type_arg(value: str | None) -> str:
+    """`--type T` as stored: an OJS job type, or `'*'` (every type) when absent."""
+    if value is None:
+        return EVERY_TYPE
+    if value == EVERY_TYPE:
+        raise BadInput("--type: leave it out to act on every type")
+    if not TYPE_PATTERN.match(value) or len(value) > MAX_TYPE_CHARS:
+        raise BadInput(
+            f"--type: {value[:60]!r} is not a job type "
+            f"({TYPE_PATTERN.pattern}, at most {MAX_TYPE_CHARS} characters)"
+        )
+    return value
+
+
 @operator_command("pause")
 def pause_command(args: argparse.Namespace) -> int:
-    """`relayd pause [--queue Q] --reason TEXT`."""
-    queue = queue_arg(args.queue)
+    """`relayd pause [--queue Q] [--type T] --reason TEXT`."""
+    queue, job_type = queue_arg(args.queue), type_arg(args.type)
     if args.reason is None:
         raise BadInput("--reason: required: say why, for the audit trail and the other operators")
     reason = check_text(args.reason, "--reason", _MAX_REASON_CHARS)
@@ -59,15 +74,21 @@ def pause_command(args: argparse.Namespace) -> int:
 
     async def pause() -> tuple[bool, list[Pause]]:
         async with operator_store(settings) as store:
-            inserted = await store.pause(queue, reason, actor)
+            inserted = await store.pause(queue, job_type, reason, actor)
             return inserted, await store.pauses()
 
     inserted, pauses = asyncio.run(pause())
     if args.json:
-        data = {"queue": queue, "paused": True, "updated": not inserted, "pauses": pauses}
+        data = {
+            "queue": queue,
+            "type": job_type,
+            "paused": True,
+            "updated": not inserted,
+            "pauses": pauses,
+        }
         sys.stdout.write(_json(data) + "\n")
         return EXIT_OK
-    what = _what(queue)
+    what = describe_pause(queue, job_type)
     if inserted:
         sys.stdout.write(
             f"paused {what} of {settings.outbox.table}: every relay stops claiming "
@@ -81,39 +102,55 @@ def pause_command(args: argparse.Namespace) -> int:
 
 @operator_command("resume")
 def resume_command(args: argparse.Namespace) -> int:
-    """`relayd resume [--queue Q] [--reason TEXT]`."""
-    queue = queue_arg(args.queue)
+    """`relayd resume [--queue Q] [--type T] [--reason TEXT]`."""
+    queue, job_type = queue_arg(args.queue), type_arg(args.type)
     reason = None if args.reason is None else check_text(args.reason, "--reason", _MAX_REASON_CHARS)
     actor = resolve_actor(args.actor)
     settings = load_settings(args.config)
 
     async def resume() -> tuple[Pause | None, list[Pause]]:
         async with operator_store(settings) as store:
-            lifted = await store.resume(queue, actor, reason)
+            lifted = await store.resume(queue, job_type, actor, reason)
             return lifted, await store.pauses()
 
     lifted, pauses = asyncio.run(resume())
     if args.json:
-        data = {"queue": queue, "resumed": lifted is not None, "lifted": lifted, "pauses": pauses}
+        data = {
+            "queue": queue,
+            "type": job_type,
+            "resumed": lifted is not None,
+            "lifted": lifted,
+            "pauses": pauses,
+        }
         sys.stdout.write(_json(data) + "\n")
         return EXIT_OK
-    what = _what(queue)
+    what = describe_pause(queue, job_type)
     if lifted is None:
-        hint = ""
-        if queue != EVERY_QUEUE and any(p.queue == EVERY_QUEUE for p in pauses):
-            hint = " (every queue is paused: `relayd resume` without --queue lifts that)"
+        hint = _not_paused_hint(queue, job_type, pauses)
         sys.stdout.write(f"{what} was not paused: nothing to resume{hint}\n")
     else:
         sys.stdout.write(
-            f"resumed {what} of {settings.outbox.table} (paused since "
-            f"{_time(lifted)} by {lifted.paused_by}: {lifted.reason}); idle relays woken\n"
+            printable(
+                f"resumed {what} of {settings.outbox.table} (paused since "
+                f"{_time(lifted)} by {lifted.paused_by}: {lifted.reason}); idle relays woken"
+            )
+            + "\n"
         )
     _render_pauses(pauses, sys.stdout)
     return EXIT_OK
 
 
-def _what(queue: str) -> str:
-    return "every queue" if queue == EVERY_QUEUE else f"queue {queue}"
+def _not_paused_hint(queue: str, job_type: str, pauses: list[Pause]) -> str:
+    """Which pause holds what the operator named, when it is not that exact one."""
+    holding = next((p for p in pauses if p.holds(queue, job_type)), None)
+    if holding is None:
+        return ""
+    command = "relayd resume"
+    if holding.queue != EVERY_QUEUE:
+        command += f" --queue {holding.queue}"
+    if holding.type != EVERY_TYPE:
+        command += f" --type {holding.type}"
+    return printable(f" ({holding.describe()} is paused: `{command}` lifts that)")
 
 
 def _time(pause: Pause) -> str:
@@ -127,19 +164,17 @@ def _render_pauses(pauses: list[Pause], out: TextIO) -> None:
     out.write("paused now:\n")
     for pause in pauses:
         out.write(
-            f"  {_what(pause.queue)}: {pause.reason} (by {pause.paused_by} since {_time(pause)})\n"
+            printable(
+                f"  {pause.describe()}: {pause.reason} (by {pause.paused_by} since {_time(pause)})"
+            )
+            + "\n"
         )
 
 
 def _json(data: dict[str, Any]) -> str:
     def default(value: object) -> Any:
         if isinstance(value, Pause):
-            return {
-                "queue": value.queue,
-                "reason": value.reason,
-                "paused_by": value.paused_by,
-                "paused_at": value.paused_at.isoformat(),
-            }
+            return value.as_json()
         raise TypeError(type(value).__name__)
 
     return json.dumps(data, default=default)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from relayd import failpoints, mutants
 from relayd.config import Settings
 from relayd.errors import DatabaseUnavailable, StatementError, WorkerCrashed
+from relayd.housekeeping import Chore, Housekeeping
 from relayd.logs import get_logger
 from relayd.metrics import RelayMetrics
 from relayd.models import (
@@ -35,6 +35,7 @@ from relayd.models import (
     DeadLetter,
     DeadReason,
     Envelope,
+    Held,
     InvalidEnvelope,
     NotStarted,
     Outcome,
@@ -56,7 +57,7 @@ from relayd.settlement import (
 )
 from relayd.sinks import Sink
 from relayd.store import Store
-from relayd.storm import StormGuard
+from relayd.storm import Key, StormGuard, sink_rejected
 from relayd.wakeup import Wakeup, WorkSignal
 from relayd.watermark import Watermark
 
@@ -138,6 +139,9 @@ class RelayContext:
     database: DatabaseRetry
     storm: StormGuard
     slots: asyncio.Semaphore
+    housekeeping: Housekeeping
+    # Who the poison-storm guard's pauses are audited as: relayd@<host>.
+    actor: str
     # Called when a worker finds nothing to claim and nothing it may claim is pending (not
     # even in backoff or leased; paused rows do not count): the run-until-idle mode stops
     # the daemon there.
@@ -153,6 +157,7 @@ class Claim:
 
     owner: uuid.UUID
     rows: list[ClaimedRow]
+    sent_at: float  # when the claim statement was sent
     start_by: float  # no attempt starts, no POST is sent, after this
     lease_ends: float  # the lease has certainly expired by then: settling is pointless
     answered_at: float  # when the claim's answer arrived (for the commit-to-publish lag)
@@ -223,11 +228,11 @@ class RelayWorker:
             if mutants.ACTIVE == "mark_before_post":
                 await self._ctx.store.settle_published(claim.owner, held, ["mutant"] * len(held))
             step = "publish"
-            outcomes = await self.publish(claim)
+            outcomes, keys = await self.publish(claim)
             step = "settle"
             if failpoints.ARMED and any(isinstance(o, Published) for o in outcomes.values()):
                 await failpoints.reach("after_2xx")
-            await self.settle(claim, outcomes)
+            await self.settle(claim, outcomes, keys)
             return full
         except (DatabaseUnavailable, WorkerCrashed):
             raise
@@ -266,13 +271,11 @@ class RelayWorker:
         if rows:
             self._ctx.metrics.claimed_rows.inc(len(rows))
             self.in_flight = len(rows)
-            if self._ctx.storm.tripped and sent_at > self._ctx.storm.tripped_at:
-                # Rows came back after the storm's pause: an operator resumed.
-                self._ctx.storm.reset()
         lease_ends = sent_at + self._relay.lease_s
         return Claim(
             owner=owner,
             rows=rows,
+            sent_at=sent_at,
             # Each attempt gets sink.timeout_s from its own start and must end a timeout's
             # worth before the lease does, leaving that long to settle (lease_s > 2 x
             # timeout_s, a configuration rule).
@@ -308,19 +311,28 @@ class RelayWorker:
 
     # --- publish -------------------------------------------------------------------------
 
-    async def publish(self, claim: Claim) -> dict[str, Outcome]:
-        """Send the claim's rows to the sink concurrently, each attempt under its deadline."""
+    async def publish(self, claim: Claim) -> tuple[dict[str, Outcome], dict[str, Key]]:
+        """Send the claim's rows to the sink concurrently, each attempt under its deadline;
+        the outcomes, and the (queue, type) of each row that parsed, for the storm guard."""
         outcomes: dict[str, Outcome] = {}
         envelopes: dict[str, Envelope] = {}
+        keys: dict[str, Key] = {}
+        storm = self._ctx.storm
         for row in claim.rows:
             failure = self._unpublishable(row)
             if failure is not None:
                 outcomes[row.event_id] = failure
                 continue
             try:
-                envelopes[row.event_id] = Envelope.parse(row.job, row.event_id)
+                envelope = Envelope.parse(row.job, row.event_id)
             except InvalidEnvelope as exc:
                 outcomes[row.event_id] = DeadLetter(DeadReason.INVALID_ENVELOPE, str(exc))
+                continue
+            key = keys[row.event_id] = (envelope.queue, envelope.type)
+            if storm.trips and storm.holds(key, claim.sent_at):
+                outcomes[row.event_id] = self._held(key)
+            else:
+                envelopes[row.event_id] = envelope
 
         sendable = [row for row in claim.rows if row.event_id in envelopes]
         sink = self._ctx.sink
@@ -335,7 +347,17 @@ class RelayWorker:
             if isinstance(result, BaseException):
                 raise result
             outcomes.update(result)
-        return outcomes
+        return outcomes, keys
+
+    def _held(self, key: Key) -> Held:
+        """A row the storm guard keeps from the sink: its pause is not stored yet, or was
+        stored after this claim was sent. It comes back once the pause could have been
+        stored (the claim then skips it) or lifted."""
+        queue, job_type = key
+        return Held(
+            f"poison storm: queue {queue}, type {job_type} held by relayd, not sent",
+            retry_after_s=self._ctx.settings.retry.cap_s,
+        )
 
     def _unpublishable(self, row: ClaimedRow) -> DeadLetter | None:
         """The checks that need no parsing: the row's size and its commit time."""
@@ -400,13 +422,17 @@ class RelayWorker:
 
     # --- settle --------------------------------------------------------------------------
 
-    async def settle(self, claim: Claim, outcomes: dict[str, Outcome]) -> None:
+    async def settle(
+        self, claim: Claim, outcomes: dict[str, Outcome], keys: Mapping[str, Key]
+    ) -> None:
         """Record every outcome with fenced UPDATEs, shielded from cancellation."""
         if failpoints.ARMED and self._ctx.stopping.is_set():
             await failpoints.reach("during_drain")
         storm = self._ctx.storm
-        if storm.observe(outcomes.values(), asyncio.get_running_loop().time()):
-            await self._pause_for_storm()
+        observed = ((keys[event_id], o) for event_id, o in outcomes.items() if event_id in keys)
+        tripped = storm.observe(observed, asyncio.get_running_loop().time())
+        if tripped:
+            await self._pause_for_storm(tripped)
         settlement = plan(
             claim.rows,
             outcomes,
@@ -415,35 +441,71 @@ class RelayWorker:
             sink_wide=(
                 self._ctx.gate.state is not BreakerState.CLOSED or self._ctx.stopping.is_set()
             ),
-            storm=storm.tripped,
+            storm_rows=await self._storm_rows(outcomes, keys),
         )
         try:
             await asyncio.shield(self._write(claim, settlement))
         finally:
             self.in_flight = 0
 
-    async def _pause_for_storm(self) -> None:
-        """Pause every queue of the outbox, audited, so every replica stops claiming; the
-        alert on `relayd_paused` (and the dead letters before it) calls an operator."""
-        rejected, settled = self._ctx.storm.rejected_share()
-        reason = f"poison storm: the sink rejected {rejected} of the last {settled} rows"
-        self._log.error("relay.poison_storm", rejected=rejected, settled=settled)
+    async def _storm_rows(
+        self, outcomes: Mapping[str, Outcome], keys: Mapping[str, Key]
+    ) -> set[str]:
+        """The rows whose sink rejections are not dead-lettered: those of a queue and type
+        this process's guard holds, and, if any other row was rejected, those of a queue and
+        type paused in the database now (another replica's guard, or an operator, paused
+        them while this claim was in flight: dead-lettering them now would exceed the one
+        window each replica may spend)."""
+        trips = self._ctx.storm.trips
+        held = {event_id for event_id, key in keys.items() if key in trips}
+        rejected = [
+            event_id
+            for event_id, outcome in outcomes.items()
+            if sink_rejected(outcome) and event_id in keys and event_id not in held
+        ]
+        if not rejected:
+            return held
         try:
-            await self._ctx.database.call(
-                functools.partial(
-                    self._ctx.store.pause, "*", reason, actor=f"relayd@{socket.gethostname()}"
-                ),
-                log=self._log,
-                event="relay.poison_storm_pause_delayed",
-                stopping=self._ctx.stopping,
+            pauses = await self._ctx.store.pauses()
+        except (DatabaseUnavailable, StatementError) as exc:
+            # Without the pauses the process's own view decides; the settle that follows
+            # meets the same database and handles it.
+            self._log.warning("relay.pauses_unknown", error=str(exc))
+            return held
+        return held | {
+            event_id
+            for event_id in rejected
+            if any(pause.holds(*keys[event_id]) for pause in pauses)
+        }
+
+    async def _pause_for_storm(self, tripped: Sequence[Key]) -> None:
+        """Pause each tripped queue and type, audited, so that every replica stops claiming
+        them; until a pause is stored this process holds that key itself (`publish`)."""
+        ctx = self._ctx
+        ctx.metrics.storm_trips.inc(len(tripped))
+        for key in tripped:
+            trip = ctx.storm.trips[key]
+            self._log.error(
+                "relay.poison_storm",
+                queue=key[0],
+                type=key[1],
+                rejected=trip.rejected,
+                settled=trip.settled,
             )
-        except StatementError as exc:
-            # The storm's rows are retried, not dead-lettered, either way; say the pause is
-            # missing rather than crash the worker.
-            self._log.error("relay.poison_storm_pause_failed", error=str(exc))
-            return
-        # Claims sent from now on return rows only once an operator resumed.
-        self._ctx.storm.tripped_at = asyncio.get_running_loop().time()
+        try:
+            stored = await ctx.housekeeping.run(Chore.STORM_PAUSE, lambda: store_storm_pauses(ctx))
+        except DatabaseUnavailable as exc:
+            ctx.metrics.database_errors.inc()
+            error, stored = str(exc), False
+        else:
+            error = ctx.housekeeping.failing[Chore.STORM_PAUSE].error if not stored else ""
+        if not stored:
+            # The storm_pause chore tries again on its own schedule; meanwhile the rows of
+            # these keys are not sent, and no sink rejection of them is dead-lettered.
+            for queue, job_type in ctx.storm.unstored():
+                self._log.error(
+                    "relay.poison_storm_held_locally", queue=queue, type=job_type, error=error
+                )
 
     async def _write(self, claim: Claim, settlement: SettlementPlan) -> None:
         if failpoints.ARMED:
@@ -582,6 +644,23 @@ class RelayWorker:
         self._ctx.metrics.settled[Settled.RELEASED].inc(len(updated))
         self.released += len(updated)
         self._log.debug(Settled.RELEASED.event, rows=len(updated))
+
+
+async def store_storm_pauses(ctx: RelayContext) -> None:
+    """Store the pause of every queue and type the storm guard holds without one, each with
+    its audit row (`Store.pause`); the `storm_pause` chore, and the worker that tripped the
+    guard at once. `StatementError` or `DatabaseUnavailable` stops at the first key that
+    cannot be stored: the rest wait for the next turn."""
+    loop = asyncio.get_running_loop()
+    log = get_logger("relay")
+    try:
+        for key in ctx.storm.unstored():
+            trip = ctx.storm.trips[key]
+            inserted = await ctx.store.pause(key[0], key[1], trip.reason(key), actor=ctx.actor)
+            ctx.storm.stored(key, loop.time())
+            log.warning("relay.poison_storm_paused", queue=key[0], type=key[1], new=inserted)
+    finally:
+        ctx.metrics.storm_local_holds.set(len(ctx.storm.unstored()))
 
 
 def _label(outcome: Outcome) -> str:

@@ -1,8 +1,9 @@
-"""The backlog sampler, a task of the daemon: every `metrics.sample_interval_s`, one bounded
-statement feeds the backlog gauges (never a query per row), and this relay's heartbeat row in
-relayd_instances says it is alive, which `relayd status` lists. It rides out PostgreSQL
-outages through the database-outage policy (relayd/reconnect.py) like the other loops;
-`relayd_backlog_sampled_timestamp_seconds` then shows how old the gauges are.
+"""The backlog sampler and the heartbeat, two housekeeping chores of the daemon
+(relayd/housekeeping.py): every `metrics.sample_interval_s`, one bounded statement feeds the
+backlog gauges (never a query per row), and this relay's heartbeat row in relayd_instances
+says it is alive, which `relayd status` lists, with the chores failing now. Each rides out
+PostgreSQL outages and refused statements on its own; `relayd_backlog_sampled_timestamp_seconds`
+shows how old the gauges are.
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ from datetime import UTC, datetime
 from structlog.typing import FilteringBoundLogger
 
 from relayd import __version__
-from relayd.errors import DatabaseUnavailable
+from relayd.errors import DatabaseUnavailable, StatementError
+from relayd.housekeeping import Housekeeping
 from relayd.logs import get_logger
 from relayd.metrics import RelayMetrics
-from relayd.reconnect import DatabaseRetry
 from relayd.retry import BreakerState
 from relayd.status import BACKLOG_BOUND, Backlog, Heartbeat, sample_backlog
 from relayd.store import Store
-from relayd.wakeup import wait_event
 
 # A clean stop removes the heartbeat, but never waits long for it: a relay that cannot
 # reach PostgreSQL while stopping leaves a row that turns stale, which is the truth.
@@ -49,41 +49,19 @@ Activity = Callable[[], tuple[BreakerState, int]]
 
 @dataclass
 class Sampler:
-    """Samples the backlog into `metrics` and keeps `instance`'s heartbeat, every
-    `interval_s` until `stopping` is set; `bound` limits each scan (tests make it small)."""
+    """Samples the backlog into `metrics` (`sample`) and keeps `instance`'s heartbeat
+    (`beat`), each a chore the daemon runs every sample interval; `bound` limits each scan
+    (tests make it small). While a chore fails, the gauges keep their last values."""
 
     store: Store
     metrics: RelayMetrics
-    database: DatabaseRetry
-    interval_s: float
     lease_s: float  # relay.lease_s: leases are looked for among the rows due that soon
-    stopping: asyncio.Event
     instance: InstanceInfo
     activity: Activity
+    housekeeping: Housekeeping
     bound: int = BACKLOG_BOUND
     last: Backlog | None = None
     _log: FilteringBoundLogger = field(default_factory=lambda: get_logger("sampler"))
-
-    async def run(self) -> None:
-        """Sample and beat at once, then every interval; back off while PostgreSQL is away
-        (the gauges keep their last values, and their timestamp says how old they are)."""
-        failures = 0
-        while not self.stopping.is_set():
-            try:
-                await self.sample()
-                await self.beat()
-            except DatabaseUnavailable as exc:
-                failures += 1
-                await self.database.wait(
-                    failures,
-                    exc,
-                    log=self._log,
-                    event="sampler.database_unavailable",
-                    stopping=self.stopping,
-                )
-                continue
-            failures = 0
-            await wait_event(self.stopping, self.interval_s)
 
     async def sample(self) -> Backlog:
         backlog = await sample_backlog(self.store, lease_s=self.lease_s, bound=self.bound)
@@ -114,6 +92,7 @@ class Sampler:
                 started_at=instance.started_at,
                 breaker_state=breaker.name.lower(),
                 in_flight=in_flight,
+                housekeeping=self.housekeeping.as_json(),
             )
         )
 
@@ -123,5 +102,5 @@ class Sampler:
         try:
             async with asyncio.timeout(_FORGET_TIMEOUT_S):
                 await self.store.heartbeat_delete(self.instance.instance_id)
-        except (DatabaseUnavailable, TimeoutError) as exc:
+        except (DatabaseUnavailable, StatementError, TimeoutError) as exc:
             self._log.warning("sampler.heartbeat_left", error=str(exc) or type(exc).__name__)

@@ -9,7 +9,7 @@ column group maps one to one onto a `Store` settle method.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -17,6 +17,7 @@ from relayd.models import (
     ClaimedRow,
     DeadLetter,
     DeadReason,
+    Held,
     NotStarted,
     Outcome,
     Published,
@@ -132,24 +133,34 @@ def plan(
     max_attempts: int,
     backoff: Backoff,
     sink_wide: bool,
-    storm: bool = False,
+    storm_rows: Collection[str] = frozenset(),
 ) -> SettlementPlan:
     """Group each row by what its outcome asks for.
 
     `sink_wide` says the sink is failing for every row right now (the breaker is not
     closed) or the daemon is stopping: a `SinkDown` is then refunded, so an outage of any
-    length, or our own shutdown, never uses up a row's attempts (C5). `storm` says the sink
-    is rejecting most rows (relayd/storm.py): its rejections are then retried, refunded,
-    instead of dead-lettered. A row with no outcome was never sent and is released.
+    length, or our own shutdown, never uses up a row's attempts (C5). `storm_rows` are the
+    rows of a queue and type the poison-storm guard holds (relayd/storm.py): the sink's
+    rejections of them are retried, refunded, instead of dead-lettered; a row the guard kept
+    from being sent (`Held`) is retried refunded too. A row with no outcome was never sent
+    and is released.
     """
     settlement = SettlementPlan()
     for row in rows:
         outcome = outcomes.get(row.event_id, NotStarted())
         if isinstance(outcome, Published):
             settlement.published.add(row, outcome)
-        elif isinstance(outcome, DeadLetter) and storm and outcome.reason in SINK_REJECTIONS:
+        elif (
+            isinstance(outcome, DeadLetter)
+            and outcome.reason in SINK_REJECTIONS
+            and row.event_id in storm_rows
+        ):
             error = clean_error(f"poison storm, not dead-lettered: {outcome.error}")
             settlement.retried.add(row, backoff.delay_s(row.attempts), error, refund=True)
+        elif isinstance(outcome, Held):
+            settlement.retried.add(
+                row, outcome.retry_after_s, clean_error(outcome.error), refund=True
+            )
         elif isinstance(outcome, DeadLetter):
             settlement.dead.add(row, outcome.reason, clean_error(outcome.error))
         elif isinstance(outcome, NotStarted):

@@ -9,12 +9,16 @@ the human table. The SQL is in `sql/queries.sql` (`backlog_sample` and the block
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+from relayd.operator_models import Pause
+from relayd.terminal import printable
 
 if TYPE_CHECKING:
     from relayd.store import Store
@@ -141,6 +145,8 @@ class Heartbeat:
     started_at: datetime
     breaker_state: str  # closed, half_open, open
     in_flight: int  # rows claimed and not yet settled
+    # Its housekeeping chores failing now (relayd/housekeeping.py): chore -> error, since.
+    housekeeping: Mapping[str, Mapping[str, Any]]
 
 
 # --- the report ---------------------------------------------------------------------------
@@ -153,11 +159,11 @@ class Count:
 
 
 @dataclass(frozen=True, slots=True)
-class Pause:
-    queue: str
-    reason: str
-    paused_by: str
-    paused_at: datetime
+class HeldByPause:
+    """A pause, and how many of the first pending rows (in claim order) it holds."""
+
+    pause: Pause
+    rows: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +180,7 @@ class Instance:
     breaker_state: str
     in_flight: int
     stale: bool
+    housekeeping: Mapping[str, Mapping[str, Any]]  # failing chores: error, since
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +194,7 @@ class StatusReport:
     top_queues: list[Count]
     top_types: list[Count]
     top_counted: int  # the pending rows the top lists cover (the first, in claim order)
-    pauses: list[Pause]
+    pauses: list[HeldByPause]
     instances: list[Instance]
     stale_after_s: float
 
@@ -218,10 +225,7 @@ async def build_report(
         top_queues=tops["queue"],
         top_types=tops["type"],
         top_counted=top_counted,
-        pauses=[
-            Pause(r["queue"], r["reason"], r["paused_by"], r["paused_at"])
-            for r in rows["pauses_list"]
-        ],
+        pauses=_held_by_pause(rows["pauses_list"], rows["pauses_held"]),
         instances=[
             Instance(
                 instance_id=r["instance_id"],
@@ -234,11 +238,37 @@ async def build_report(
                 breaker_state=r["breaker_state"],
                 in_flight=r["in_flight"],
                 stale=r["last_seen_age_s"] > stale_after_s,
+                housekeeping=_housekeeping(r["housekeeping"]),
             )
             for r in rows["instances_list"]
         ],
         stale_after_s=stale_after_s,
     )
+
+
+def _held_by_pause(
+    pauses: Sequence[Mapping[str, Any]], held: Sequence[Mapping[str, Any]]
+) -> list[HeldByPause]:
+    rows = {(r["queue"], r["type"]): int(r["rows"]) for r in held}
+    return [
+        HeldByPause(
+            Pause(r["queue"], r["type"], r["reason"], r["paused_by"], r["paused_at"]),
+            rows.get((r["queue"], r["type"]), 0),
+        )
+        for r in pauses
+    ]
+
+
+def _housekeeping(text: str | None) -> Mapping[str, Mapping[str, Any]]:
+    """The heartbeat's housekeeping column; anything but an object of objects reads as {}
+    (a report must not fail on a row another version of relayd wrote)."""
+    try:
+        data = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): v for k, v in data.items() if isinstance(v, dict)}
 
 
 # --- JSON: the shape scripts rely on (docs/operations.md#relayd-status) ------------------
@@ -276,12 +306,14 @@ def report_json(report: StatusReport) -> dict[str, Any]:
         "paused": backlog.any_pause,
         "pauses": [
             {
-                "queue": p.queue,
-                "reason": p.reason,
-                "paused_by": p.paused_by,
-                "paused_at": _iso(p.paused_at),
+                "queue": held.pause.queue,
+                "type": held.pause.type,
+                "reason": held.pause.reason,
+                "paused_by": held.pause.paused_by,
+                "paused_at": _iso(held.pause.paused_at),
+                "held_rows": held.rows,
             }
-            for p in report.pauses
+            for held in report.pauses
         ],
         "instances": [
             {
@@ -295,6 +327,7 @@ def report_json(report: StatusReport) -> dict[str, Any]:
                 "stale": i.stale,
                 "breaker_state": i.breaker_state,
                 "in_flight": i.in_flight,
+                "housekeeping": dict(i.housekeeping),
             }
             for i in report.instances
         ],
@@ -319,7 +352,7 @@ def _finite(value: float | None) -> float | None:
 
 _STATE_NOTES = {
     "ready": "claimable now",
-    "paused": "due, in a paused queue",
+    "paused": "due, held by a pause",
     "scheduled": "waiting out a backoff",
     "leased": "claimed, in flight",
     "dead": "dead-lettered, not discarded",
@@ -368,10 +401,22 @@ def render_text(report: StatusReport) -> str:
     if report.pauses:
         lines += _table(
             [
-                [p.queue, p.reason, p.paused_by, _when(p.paused_at)]
-                for p in sorted(report.pauses, key=lambda p: p.paused_at)
+                [
+                    held.pause.queue,
+                    held.pause.type,
+                    f"{held.rows:,}",
+                    held.pause.reason,
+                    held.pause.paused_by,
+                    _when(held.pause.paused_at),
+                ]
+                for held in sorted(report.pauses, key=lambda held: held.pause.paused_at)
             ],
-            header=["queue", "reason", "by", "since"],
+            header=["queue", "type", "held", "reason", "by", "since"],
+            right=(2,),
+        )
+        lines.append(
+            f"  (held: pending rows it holds among the first {backlog.bound:,} in claim "
+            "order; `relayd held list` shows them)"
         )
 
     stale = f"stale: no heartbeat for more than {_age(report.stale_after_s)}"
@@ -405,7 +450,13 @@ def render_text(report: StatusReport) -> str:
             ],
             right=(2, 7),
         )
-    return "\n".join(line.rstrip() for line in lines) + "\n"
+        for i in report.instances:
+            for chore, failure in sorted(i.housekeeping.items()):
+                lines.append(
+                    f"  {i.instance_id}: housekeeping {chore} failing since "
+                    f"{failure.get('since', '?')}: {failure.get('error', '?')}"
+                )
+    return "\n".join(printable(line.rstrip()) for line in lines) + "\n"
 
 
 def _over(counted: int, backlog: Backlog, which: str) -> str:
@@ -426,8 +477,10 @@ def _table(
     header: Sequence[str] | None = None,
     right: Sequence[int] = (),
 ) -> list[str]:
-    """Rows as aligned columns, indented by two spaces; columns in `right` align right."""
+    """Rows as aligned columns, indented by two spaces; columns in `right` align right.
+    Cells are made printable first, so that the columns line up as the terminal shows them."""
     every = [list(header), *rows] if header is not None else [list(r) for r in rows]
+    every = [[printable(cell) for cell in row] for row in every]
     widths = [max(len(row[col]) for row in every) for col in range(len(every[0]))]
     return [
         "  "

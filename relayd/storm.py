@@ -1,17 +1,26 @@
-"""The poison-storm guard: when the sink rejects most rows as invalid (400, 413, 422), the
-cause is almost never the rows. A schema or configuration change on the sink's side makes
-every row look like poison, and dead-lettering the whole backlog would turn one mistake into
-an operator's afternoon of redrives. So past a threshold relayd stops dead-lettering for
-those reasons: it pauses the outbox with the reason "poison storm", logs it, lets the alert
-fire, and retries (refunded) what it was about to dead-let.
+"""The poison-storm guard: when the sink rejects most rows of one queue and job type as
+invalid (400, 413, 422 in its own error format), the cause is almost never the rows. A
+schema or validation change on the sink's side, or one producer's bad release, makes every
+row of that kind look like poison, and dead-lettering them all would turn one mistake into
+an operator's afternoon of redrives. So past a threshold relayd stops dead-lettering rows of
+that queue and type: it pauses them (that queue and type only: every other one keeps
+flowing), says so, and retries, refunded, what it was about to dead-letter.
 
-Pure: the caller feeds each claim's outcomes and acts on the verdict.
+The guard counts per (queue, type) and per process: each replica dead-letters at most
+`window` rows of one queue and type before its own guard trips (docs/operations.md).
+
+While a tripped key's pause is not stored yet (or cannot be: a refused INSERT), the process
+holds that key itself: its rows are not sent, and come back later without using an attempt.
+
+Pure: the caller feeds each claim's outcomes with their keys, passes the loop time, and acts
+on the verdicts.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from relayd.models import DeadLetter, DeadReason, NotStarted, Outcome
 
@@ -21,38 +30,92 @@ SINK_REJECTIONS = frozenset(
     {DeadReason.SINK_REJECTED, DeadReason.SINK_TOO_LARGE, DeadReason.SINK_UNPROCESSABLE}
 )
 
+# (queue, type): the effective queue and the job type of a row, what a storm pause holds.
+Key = tuple[str, str]
+
+# The keys whose recent outcomes are remembered: a producer inventing types cannot make the
+# guard's memory grow without bound (the least recently seen key is forgotten first).
+MAX_KEYS = 1024
+
 
 def sink_rejected(outcome: Outcome) -> bool:
     return isinstance(outcome, DeadLetter) and outcome.reason in SINK_REJECTIONS
 
 
-class StormGuard:
-    """Trips when more than `threshold` of the last `window` settled rows were rejected by
-    the sink; stays tripped until `reset()` (the relay resets it once claims come back after
-    the pause was lifted)."""
+@dataclass(slots=True)
+class Trip:
+    """A key the guard tripped on: `rejected` of the last `settled` rows were rejected."""
 
-    def __init__(self, *, threshold: float, window: int) -> None:
-        self._threshold = threshold
-        self._recent: deque[bool] = deque(maxlen=window)
-        self.tripped = False
-        self.tripped_at = 0.0  # loop time, for the relay's reset rule
+    rejected: int
+    settled: int
+    at: float  # loop time
+    stored_at: float | None = None  # loop time its pause was committed; None: held locally
 
-    def observe(self, outcomes: Iterable[Outcome], now: float) -> bool:
-        """Record a claim's outcomes; True if this trips the guard (only once per storm)."""
-        self._recent.extend(
-            sink_rejected(outcome) for outcome in outcomes if not isinstance(outcome, NotStarted)
+    def reason(self, key: Key) -> str:
+        queue, job_type = key
+        return (
+            f"poison storm: the sink rejected {self.rejected} of the last {self.settled} rows "
+            f"of queue {queue}, type {job_type}"
         )
-        if self.tripped or len(self._recent) < (self._recent.maxlen or 0):
+
+
+class StormGuard:
+    """Trips a (queue, type) when more than `threshold` of its last `window` settled rows
+    were rejected by the sink; the trip lasts until a claim sent after its pause was stored
+    returns rows of that key again (an operator resumed), or the process ends."""
+
+    def __init__(self, *, threshold: float, window: int, max_keys: int = MAX_KEYS) -> None:
+        self._threshold = threshold
+        self._window = window
+        self._max_keys = max_keys
+        self._recent: OrderedDict[Key, deque[bool]] = OrderedDict()
+        self.trips: dict[Key, Trip] = {}
+
+    def observe(self, outcomes: Iterable[tuple[Key, Outcome]], now: float) -> list[Key]:
+        """Record a claim's outcomes; the keys this trips (each once per storm)."""
+        touched: set[Key] = set()
+        for key, outcome in outcomes:
+            if isinstance(outcome, NotStarted) or key in self.trips:
+                continue
+            recent = self._recent.get(key)
+            if recent is None:
+                recent = self._recent[key] = deque(maxlen=self._window)
+                if len(self._recent) > self._max_keys:
+                    self._recent.popitem(last=False)
+            else:
+                self._recent.move_to_end(key)
+            recent.append(sink_rejected(outcome))
+            touched.add(key)
+        tripped: list[Key] = []
+        for key in sorted(touched):
+            recent = self._recent.get(key)
+            if recent is None or len(recent) < self._window:
+                continue
+            rejected = sum(recent)
+            if rejected > self._threshold * len(recent):
+                self.trips[key] = Trip(rejected, len(recent), now)
+                del self._recent[key]
+                tripped.append(key)
+        return tripped
+
+    def holds(self, key: Key, claimed_at: float) -> bool:
+        """Whether rows of `key` from a claim sent at `claimed_at` (loop time) must not be
+        sent. A trip whose pause was stored before that claim was sent is over: the claim
+        skips paused rows, so rows of that key mean an operator lifted the pause."""
+        trip = self.trips.get(key)
+        if trip is None:
             return False
-        if sum(self._recent) > self._threshold * len(self._recent):
-            self.tripped, self.tripped_at = True, now
-            return True
-        return False
+        if trip.stored_at is not None and claimed_at > trip.stored_at:
+            del self.trips[key]  # a fresh window from now on
+            return False
+        return True
 
-    def rejected_share(self) -> tuple[int, int]:
-        """(rejected, settled) over the window, for the log and the pause reason."""
-        return sum(self._recent), len(self._recent)
+    def unstored(self) -> list[Key]:
+        """The tripped keys whose pause is not stored yet: held by this process alone."""
+        return sorted(key for key, trip in self.trips.items() if trip.stored_at is None)
 
-    def reset(self) -> None:
-        self.tripped = False
-        self._recent.clear()
+    def stored(self, key: Key, now: float) -> None:
+        """The pause of `key` is committed (at loop time `now`, or earlier)."""
+        trip = self.trips.get(key)
+        if trip is not None and trip.stored_at is None:
+            trip.stored_at = now

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -13,7 +14,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from relayd.errors import DatabaseUnavailable, StatementError
 from relayd.metrics import RelayMetrics
 
-ReadyCheck = Callable[[], Awaitable[str | None]]  # None when ready, else the reason
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """What `/readyz` answers: `reason` why the relay is not ready (None: ready), and
+    `detail` added to the body either way (the housekeeping chores failing now)."""
+
+    reason: str | None
+    detail: Mapping[str, Any] = field(default_factory=dict)
+
+
+ReadyCheck = Callable[[], Awaitable[Readiness]]
 # The status report as JSON-ready data; DatabaseUnavailable while PostgreSQL cannot answer.
 StatusSource = Callable[[], Awaitable[Mapping[str, Any]]]
 
@@ -30,10 +41,11 @@ def make_app(
         return web.json_response({"status": "ok"})
 
     async def readyz(_request: web.Request) -> web.Response:
-        reason = await ready()
-        if reason is None:
-            return web.json_response({"status": "ready"})
-        return web.json_response({"status": "not_ready", "reason": reason}, status=503)
+        readiness = await ready()
+        if readiness.reason is None:
+            return web.json_response({"status": "ready", **readiness.detail})
+        body = {"status": "not_ready", "reason": readiness.reason, **readiness.detail}
+        return web.json_response(body, status=503)
 
     app = web.Application()
     app.router.add_get("/metrics", metrics_handler)

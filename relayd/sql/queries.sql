@@ -8,9 +8,11 @@
 -- the lease lives in available_at, so an abandoned claim is due again when it expires.
 -- previous_attempt_at is the value before this claim: non-null means an earlier attempt may
 -- have reached the sink, so the relay reconciles with a GET before it POSTs again.
--- Paused queues are skipped, so every replica obeys a pause from its next claim. The pause
--- checks are uncorrelated subqueries, evaluated once per statement: with nothing paused the
--- queue of a row is never computed, and with everything paused ('*') nothing is scanned.
+-- Paused queues and types are skipped, so every replica obeys a pause from its next claim.
+-- The pause checks are uncorrelated subqueries, evaluated once per statement: with nothing
+-- paused the queue and type of a row are never computed, and with everything paused ('*'
+-- queue, '*' type) nothing is scanned. The same checks stand in next_due_s and
+-- backlog_sample: a row the claim skips must neither wake a worker nor count as claimable.
 --
 -- The scan starts at $5 (NULL: at the start of the index), the watermark the relay keeps
 -- (docs/performance.md): below it lie only index entries of rows already published or
@@ -46,10 +48,16 @@ due AS (
     WHERE published_at IS NULL AND dead_at IS NULL
       AND available_at >= coalesce($5::timestamptz, '-infinity') AND available_at <= now()
       AND NOT EXISTS (
-          SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $4 AND queue = '*')
+          SELECT 1 FROM @schema@.relayd_pauses
+          WHERE outbox_table = $4 AND queue = '*' AND type = '*')
       AND (NOT EXISTS (SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $4)
-           OR @schema@.relayd_effective_queue(job) <> ALL (ARRAY(
-               SELECT queue FROM @schema@.relayd_pauses WHERE outbox_table = $4)))
+           OR NOT @schema@.relayd_held(job,
+               ARRAY(SELECT queue FROM @schema@.relayd_pauses
+                     WHERE outbox_table = $4 AND type = '*'),
+               ARRAY(SELECT type FROM @schema@.relayd_pauses
+                     WHERE outbox_table = $4 AND queue = '*'),
+               ARRAY(SELECT queue || ' ' || type FROM @schema@.relayd_pauses
+                     WHERE outbox_table = $4 AND queue <> '*' AND type <> '*')))
     ORDER BY available_at, event_id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -169,10 +177,16 @@ FROM @outbox@
 WHERE published_at IS NULL AND dead_at IS NULL
   AND available_at >= coalesce($2::timestamptz, '-infinity')
   AND NOT EXISTS (
-      SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $1 AND queue = '*')
+      SELECT 1 FROM @schema@.relayd_pauses
+      WHERE outbox_table = $1 AND queue = '*' AND type = '*')
   AND (NOT EXISTS (SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $1)
-       OR @schema@.relayd_effective_queue(job) <> ALL (ARRAY(
-           SELECT queue FROM @schema@.relayd_pauses WHERE outbox_table = $1)))
+       OR NOT @schema@.relayd_held(job,
+           ARRAY(SELECT queue FROM @schema@.relayd_pauses
+                 WHERE outbox_table = $1 AND type = '*'),
+           ARRAY(SELECT type FROM @schema@.relayd_pauses
+                 WHERE outbox_table = $1 AND queue = '*'),
+           ARRAY(SELECT queue || ' ' || type FROM @schema@.relayd_pauses
+                 WHERE outbox_table = $1 AND queue <> '*' AND type <> '*')))
 ORDER BY available_at, event_id
 LIMIT 1;
 
@@ -249,8 +263,9 @@ SELECT 1;
 -- ones), so its cost does not grow with the backlog; above the bound the caller falls back
 -- to PostgreSQL's estimate of the index's rows (reltuples, from the last VACUUM or ANALYZE).
 -- - due_rows: pending rows whose available_at has passed, among the first $2;
--- - held_rows: those of them in a paused queue (a '*' pause holds them all). The queue of a
---   row is computed only while some queue alone is paused, as in the claim;
+-- - held_rows: those of them a pause holds (relayd_held(); a pause of every queue and type
+--   holds them all). A row's queue and type are computed only while a pause of some queue
+--   or type alone is in force, as in the claim;
 -- - future_rows: pending rows not due yet, among the first $2 (from the index alone);
 -- - leased_rows: those a claim holds (lease_owner set). A claim moves available_at to
 --   now() + relay.lease_s, so every lease ends within $3 seconds: only the rows due in that
@@ -265,9 +280,13 @@ SELECT 1;
 -- params: $1 outbox table text, $2 bound int (rows read per scan at most),
 --         $3 lease window float8 (relay.lease_s)
 WITH pauses AS (
+    -- The three sets of relayd_held(), as the claim reads them.
     SELECT count(*) > 0 AS any_paused,
-           coalesce(bool_or(queue = '*'), false) AS all_paused,
-           coalesce(array_agg(queue), '{}') AS queues
+           coalesce(bool_or(queue = '*' AND type = '*'), false) AS all_paused,
+           coalesce(array_agg(queue) FILTER (WHERE type = '*'), '{}') AS queues,
+           coalesce(array_agg(type) FILTER (WHERE queue = '*'), '{}') AS types,
+           coalesce(array_agg(queue || ' ' || type)
+                        FILTER (WHERE queue <> '*' AND type <> '*'), '{}') AS pairs
     FROM @schema@.relayd_pauses
     WHERE outbox_table = $1
 ),
@@ -289,7 +308,7 @@ held AS (
                            WHERE published_at IS NULL AND dead_at IS NULL AND available_at <= now()
                            ORDER BY available_at, event_id
                            LIMIT $2) AS sampled
-                     WHERE @schema@.relayd_effective_queue(sampled.job) = ANY (p.queues))
+                     WHERE @schema@.relayd_held(sampled.job, p.queues, p.types, p.pairs))
            END AS n
     FROM pauses AS p, due
 ),
@@ -323,10 +342,16 @@ claimable AS (
     FROM @outbox@
     WHERE published_at IS NULL AND dead_at IS NULL AND available_at <= now()
       AND NOT EXISTS (
-          SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $1 AND queue = '*')
+          SELECT 1 FROM @schema@.relayd_pauses
+          WHERE outbox_table = $1 AND queue = '*' AND type = '*')
       AND (NOT EXISTS (SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $1)
-           OR @schema@.relayd_effective_queue(job) <> ALL (ARRAY(
-               SELECT queue FROM @schema@.relayd_pauses WHERE outbox_table = $1)))
+           OR NOT @schema@.relayd_held(job,
+               ARRAY(SELECT queue FROM @schema@.relayd_pauses
+                     WHERE outbox_table = $1 AND type = '*'),
+               ARRAY(SELECT type FROM @schema@.relayd_pauses
+                     WHERE outbox_table = $1 AND queue = '*'),
+               ARRAY(SELECT queue || ' ' || type FROM @schema@.relayd_pauses
+                     WHERE outbox_table = $1 AND queue <> '*' AND type <> '*')))
     ORDER BY available_at, event_id
     LIMIT 1
 ),
@@ -388,13 +413,24 @@ FROM (SELECT dead_reason
 GROUP BY 1
 ORDER BY rows DESC, reason;
 
--- name: pauses_list
--- Every pause of this outbox, oldest first.
--- params: $1 outbox table text
-SELECT queue, reason, paused_by, paused_at
-FROM @schema@.relayd_pauses
-WHERE outbox_table = $1
-ORDER BY paused_at, queue;
+-- name: pauses_held
+-- `relayd status`: for each pause of this outbox, how many of the first $2 pending rows in
+-- claim order it holds (bounded like the sampler: the first $2 entries of the claim index
+-- are read once, whatever the number of pauses). Pauses of every queue and type included.
+-- params: $1 outbox table text, $2 bound int
+WITH sampled AS (
+    SELECT @schema@.relayd_effective_queue(job) AS queue, coalesce(job ->> 'type', '') AS type
+    FROM @outbox@
+    WHERE published_at IS NULL AND dead_at IS NULL
+    ORDER BY available_at, event_id
+    LIMIT $2
+)
+SELECT p.queue, p.type,
+       (SELECT count(*) FROM sampled AS s
+        WHERE (p.queue = '*' OR s.queue = p.queue) AND (p.type = '*' OR s.type = p.type))
+           AS rows
+FROM @schema@.relayd_pauses AS p
+WHERE p.outbox_table = $1;
 
 -- name: instances_list
 -- The relays that kept a heartbeat for this outbox within the last day (older rows are
@@ -403,7 +439,7 @@ ORDER BY paused_at, queue;
 -- params: $1 outbox table text
 SELECT instance_id::text AS instance_id, host, pid, version, started_at, last_seen,
        (extract(epoch FROM now()) - extract(epoch FROM last_seen))::float8 AS last_seen_age_s,
-       breaker_state, in_flight
+       breaker_state, in_flight, housekeeping::text AS housekeeping
 FROM @schema@.relayd_instances
 WHERE outbox_table = $1 AND last_seen > now() - interval '1 day'
 ORDER BY started_at, instance_id;
@@ -411,20 +447,24 @@ ORDER BY started_at, instance_id;
 -- name: heartbeat
 -- A running relay's heartbeat: insert or refresh its row (last_seen is the database's
 -- clock, so ages compare across hosts), and prune rows not refreshed for a day.
+-- housekeeping: its chores failing now ({"cleanup": {"error": ..., "since": ...}}; {} when
+-- none is).
 -- params: $1 outbox table text, $2 instance id uuid, $3 host text, $4 pid int,
---         $5 version text, $6 started_at timestamptz, $7 breaker state text, $8 in flight int
+--         $5 version text, $6 started_at timestamptz, $7 breaker state text, $8 in flight int,
+--         $9 housekeeping jsonb (as text)
 WITH pruned AS (
     DELETE FROM @schema@.relayd_instances
     WHERE outbox_table = $1 AND last_seen < now() - interval '1 day'
 )
 INSERT INTO @schema@.relayd_instances AS i
     (outbox_table, instance_id, host, pid, version, started_at, last_seen, breaker_state,
-     in_flight)
-VALUES ($1, $2, $3, $4, $5, $6, now(), $7, $8)
+     in_flight, housekeeping)
+VALUES ($1, $2, $3, $4, $5, $6, now(), $7, $8, $9::jsonb)
 ON CONFLICT (outbox_table, instance_id) DO UPDATE
 SET last_seen = now(),
     breaker_state = excluded.breaker_state,
-    in_flight = excluded.in_flight;
+    in_flight = excluded.in_flight,
+    housekeeping = excluded.housekeeping;
 
 -- name: heartbeat_delete
 -- A relay that stops cleanly removes its heartbeat.
@@ -610,6 +650,15 @@ INSERT INTO @schema@.relayd_audit (outbox_table, actor, action, filters, event_i
 VALUES ($1, $2, $3, $4::jsonb, $5::uuid[], $6, $7)
 RETURNING id;
 
+-- name: audit_note
+-- One operator action that changes no row (a pause, a resume), in its own transaction. No
+-- RETURNING: the poison-storm guard pauses through it, and relayd's role needs no SELECT on
+-- the audit trail.
+-- params: $1 outbox table text, $2 actor text, $3 action text, $4 filters jsonb (as text),
+--         $5 reason text|null
+INSERT INTO @schema@.relayd_audit (outbox_table, actor, action, filters, row_count, reason)
+VALUES ($1, $2, $3, $4::jsonb, 1, $5);
+
 -- name: audit_extend
 -- A later batch of the same action adds its rows to the action's audit row, in the batch's
 -- own transaction: the audit row always counts exactly what was committed. The ids are kept
@@ -625,30 +674,137 @@ SET row_count = row_count + $2,
 WHERE id = $1;
 
 -- name: pause_upsert
--- Pause a queue ('*': every queue) for every relay of this outbox: the claim skips it from
--- its next statement. Pausing again keeps paused_at and takes the new reason and actor.
--- params: $1 outbox table text, $2 queue text, $3 reason text, $4 actor text
-INSERT INTO @schema@.relayd_pauses (outbox_table, queue, reason, paused_by)
-VALUES ($1, $2, $3, $4)
-ON CONFLICT (outbox_table, queue) DO UPDATE
+-- Pause a queue ('*': every queue) and a job type ('*': every type) for every relay of this
+-- outbox: the claim skips its rows from its next statement. Pausing again keeps paused_at
+-- and takes the new reason and actor.
+-- params: $1 outbox table text, $2 queue text, $3 type text, $4 reason text, $5 actor text
+INSERT INTO @schema@.relayd_pauses (outbox_table, queue, type, reason, paused_by)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (outbox_table, queue, type) DO UPDATE
 SET reason = excluded.reason,
     paused_by = excluded.paused_by
 RETURNING (xmax = 0) AS inserted;  -- xmax is 0 on a freshly inserted row version
 
 -- name: pause_delete
--- Lift one pause; returns it, or nothing if that queue was not paused.
--- params: $1 outbox table text, $2 queue text
+-- Lift one pause; returns it, or nothing if that queue and type were not paused.
+-- params: $1 outbox table text, $2 queue text, $3 type text
 DELETE FROM @schema@.relayd_pauses
-WHERE outbox_table = $1 AND queue = $2
-RETURNING queue, reason, paused_by, paused_at;
+WHERE outbox_table = $1 AND queue = $2 AND type = $3
+RETURNING queue, type, reason, paused_by, paused_at;
 
 -- name: pauses_list
--- The pauses in force for this outbox.
+-- Every pause of this outbox, oldest first.
 -- params: $1 outbox table text
-SELECT queue, reason, paused_by, paused_at
+SELECT queue, type, reason, paused_by, paused_at
 FROM @schema@.relayd_pauses
 WHERE outbox_table = $1
-ORDER BY queue;
+ORDER BY paused_at, queue, type;
+
+-- name: held_list
+-- `relayd held list`: pending rows a pause of this outbox holds, in claim order, matching
+-- the filters. in_flight marks a row whose attempt started before its pause (the lease runs:
+-- it settles on its own). The pauses' three sets are read once, as in backlog_sample.
+-- params: $1 outbox table text, $2 queue text|null, $3 type text|null,
+--         $4 error_contains text|null, $5 limit int
+WITH pauses AS (
+    SELECT count(*) > 0 AS any_paused,
+           coalesce(bool_or(queue = '*' AND type = '*'), false) AS all_paused,
+           coalesce(array_agg(queue) FILTER (WHERE type = '*'), '{}') AS queues,
+           coalesce(array_agg(type) FILTER (WHERE queue = '*'), '{}') AS types,
+           coalesce(array_agg(queue || ' ' || type)
+                        FILTER (WHERE queue <> '*' AND type <> '*'), '{}') AS pairs
+    FROM @schema@.relayd_pauses
+    WHERE outbox_table = $1
+)
+SELECT o.event_id::text AS event_id, o.created_at, o.available_at,
+       @schema@.relayd_effective_queue(o.job) AS queue, o.job ->> 'type' AS type, o.attempts,
+       o.last_error, o.last_attempt_at,
+       o.lease_owner IS NOT NULL AND o.available_at > now() AS in_flight
+FROM @outbox@ AS o, pauses AS p
+WHERE o.published_at IS NULL AND o.dead_at IS NULL
+  AND p.any_paused
+  AND (p.all_paused OR @schema@.relayd_held(o.job, p.queues, p.types, p.pairs))
+  AND ($2::text IS NULL OR @schema@.relayd_effective_queue(o.job) = $2)
+  AND ($3::text IS NULL OR o.job ->> 'type' = $3)
+  AND ($4::text IS NULL OR strpos(lower(o.last_error), lower($4)) > 0)
+ORDER BY o.available_at, o.event_id
+LIMIT $5;
+
+-- name: held_page
+-- One batch of `relayd held discard --all`: the next $6 held rows after the keyset cursor
+-- ($2, $3) in claim order that the filters select, locked until the batch's transaction
+-- ends (rows another session holds are skipped: a claim taking them, if their pause was just
+-- lifted). Each batch reads the claim index from its cursor on.
+-- params: $1 outbox table text, $2 after available_at timestamptz, $3 after event_id uuid,
+--         $4 queue text|null, $5 type text|null, $6 limit int, $7 error_contains text|null
+WITH pauses AS (
+    SELECT count(*) > 0 AS any_paused,
+           coalesce(bool_or(queue = '*' AND type = '*'), false) AS all_paused,
+           coalesce(array_agg(queue) FILTER (WHERE type = '*'), '{}') AS queues,
+           coalesce(array_agg(type) FILTER (WHERE queue = '*'), '{}') AS types,
+           coalesce(array_agg(queue || ' ' || type)
+                        FILTER (WHERE queue <> '*' AND type <> '*'), '{}') AS pairs
+    FROM @schema@.relayd_pauses
+    WHERE outbox_table = $1
+)
+SELECT o.event_id::text AS event_id, o.available_at
+FROM @outbox@ AS o, pauses AS p
+WHERE o.published_at IS NULL AND o.dead_at IS NULL
+  AND (o.available_at, o.event_id) > ($2::timestamptz, $3::uuid)
+  AND p.any_paused
+  AND (p.all_paused OR @schema@.relayd_held(o.job, p.queues, p.types, p.pairs))
+  AND ($4::text IS NULL OR @schema@.relayd_effective_queue(o.job) = $4)
+  AND ($5::text IS NULL OR o.job ->> 'type' = $5)
+  AND ($7::text IS NULL OR strpos(lower(o.last_error), lower($7)) > 0)
+ORDER BY o.available_at, o.event_id
+LIMIT $6
+FOR UPDATE OF o SKIP LOCKED;
+
+-- name: held_discard
+-- Discard held rows: an operator decided they will never be sent (a producer's bad release
+-- that the poison-storm guard caught). Each is dead-lettered ('held_discarded') and marked
+-- discarded at once, kept in the table (C7) and out of the dead-letter queue, with the
+-- operator's reason; `relayd dlq retry ID` brings one back. Only rows still pending, held by
+-- a pause and not in flight are changed; the lease is cleared so that a late settle of an
+-- expired claim changes nothing (C3).
+-- params: $1 event ids uuid[], $2 reason text, $3 outbox table text
+WITH pauses AS (
+    SELECT count(*) > 0 AS any_paused,
+           coalesce(bool_or(queue = '*' AND type = '*'), false) AS all_paused,
+           coalesce(array_agg(queue) FILTER (WHERE type = '*'), '{}') AS queues,
+           coalesce(array_agg(type) FILTER (WHERE queue = '*'), '{}') AS types,
+           coalesce(array_agg(queue || ' ' || type)
+                        FILTER (WHERE queue <> '*' AND type <> '*'), '{}') AS pairs
+    FROM @schema@.relayd_pauses
+    WHERE outbox_table = $3
+),
+target AS (
+    SELECT o.event_id,
+           o.published_at IS NULL AND o.dead_at IS NULL AS pending,
+           o.published_at IS NOT NULL AS published,
+           p.any_paused
+               AND (p.all_paused OR @schema@.relayd_held(o.job, p.queues, p.types, p.pairs))
+               AS held,
+           o.lease_owner IS NOT NULL AND o.available_at > now() AS in_flight
+    FROM @outbox@ AS o, pauses AS p
+    WHERE o.event_id = ANY($1::uuid[])
+    FOR UPDATE OF o
+),
+discarded AS (
+    UPDATE @outbox@ AS o
+    SET dead_at = now(),
+        dead_reason = 'held_discarded',
+        lease_owner = NULL,
+        discarded_at = now(),
+        discard_reason = $2
+    FROM target AS t
+    WHERE o.event_id = t.event_id AND t.pending AND t.held AND NOT t.in_flight
+    RETURNING o.event_id
+)
+SELECT t.event_id::text AS event_id, t.pending, t.published, t.held, t.in_flight,
+       d.event_id IS NOT NULL AS changed
+FROM target AS t
+LEFT JOIN discarded AS d ON d.event_id = t.event_id;
 
 -- name: outbox_notify
 -- Wake idle relays at once (on commit), on the channel the insert trigger uses.

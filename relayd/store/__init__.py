@@ -17,6 +17,7 @@ from relayd.store.connection import (
 )
 from relayd.store.cycle import CycleQueries
 from relayd.store.health import HealthQueries
+from relayd.store.held import HeldQueries
 from relayd.store.listen import Listener, ListenQueries
 from relayd.store.operator import OperatorQueries
 from relayd.store.schema import RELAY_COLUMNS, AppliedMigration, MigrationStep, SchemaQueries
@@ -38,6 +39,7 @@ __all__ = [
 
 class Store(
     CycleQueries,
+    HeldQueries,
     OperatorQueries,
     SchemaQueries,
     BacklogQueries,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ class BacklogQueries(StoreBase):
             "backlog_top": (bound, top),
             "dead_by_reason": (bound,),
             "pauses_list": (outbox,),
+            "pauses_held": (outbox, bound),
             "instances_list": (outbox,),
         }
         rows: dict[str, list[dict[str, Any]]] = {}
@@ -58,6 +60,7 @@ class BacklogQueries(StoreBase):
                 beat.started_at,
                 beat.breaker_state,
                 beat.in_flight,
+                json.dumps(beat.housekeeping),
             )
 
     async def heartbeat_delete(self, instance_id: uuid.UUID) -> None:

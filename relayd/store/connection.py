@@ -76,6 +76,9 @@ def load_queries(table: OutboxTable) -> dict[str, str]:
     pieces = _NAME_LINE.split(_BANNER_LINE.sub("", text))
     queries: dict[str, str] = {}
     for name, body in zip(pieces[1::2], pieces[2::2], strict=True):
+        if name in queries:
+            # A second block of one name would silently replace the first.
+            raise RuntimeError(f"sql/queries.sql names two blocks {name!r}")
         queries[name] = render(body.strip(), table)
     return queries
 

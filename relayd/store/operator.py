@@ -187,44 +187,44 @@ class OperatorQueries(SchemaQueries):
         )
         return new_id
 
-    async def pause(self, queue: str, reason: str, actor: str) -> bool:
-        """Pause `queue` (`'*'`: every queue) for every relay of this outbox, and audit it,
-        in one transaction; True if it was not paused before (pausing again updates the
-        reason and the actor). Relays obey from their next claim."""
+    async def pause(self, queue: str, job_type: str, reason: str, actor: str) -> bool:
+        """Pause `queue` and `job_type` (`'*'`: every queue, every type) for every relay of
+        this outbox, and audit it, in one transaction; True if it was not paused before
+        (pausing again updates the reason and the actor). Relays obey from their next claim."""
         with _translated("pause_upsert"):
             async with self._pool.acquire() as conn, conn.transaction():
                 inserted: bool = await conn.fetchval(
-                    self._q["pause_upsert"], str(self.table), queue, reason, actor
+                    self._q["pause_upsert"], str(self.table), queue, job_type, reason, actor
                 )
-                await conn.fetchval(
-                    self._q["audit_insert"],
+                await conn.execute(
+                    self._q["audit_note"],
                     str(self.table),
                     actor,
                     PauseAction.PAUSE.value,
-                    json.dumps({"queue": queue}),
-                    None,
-                    1,
+                    json.dumps({"queue": queue, "type": job_type}),
                     reason,
                 )
         return inserted
 
-    async def resume(self, queue: str, actor: str, reason: str | None = None) -> Pause | None:
-        """Lift the pause of `queue`, audit it and wake idle relays (NOTIFY on the outbox's
-        channel, delivered at commit), in one transaction; the pause lifted, or None (and
-        nothing written) if `queue` was not paused."""
+    async def resume(
+        self, queue: str, job_type: str, actor: str, reason: str | None = None
+    ) -> Pause | None:
+        """Lift the pause of `queue` and `job_type`, audit it and wake idle relays (NOTIFY on
+        the outbox's channel, delivered at commit), in one transaction; the pause lifted, or
+        None (and nothing written) if they were not paused."""
         with _translated("pause_delete"):
             async with self._pool.acquire() as conn, conn.transaction():
-                record = await conn.fetchrow(self._q["pause_delete"], str(self.table), queue)
+                record = await conn.fetchrow(
+                    self._q["pause_delete"], str(self.table), queue, job_type
+                )
                 if record is None:
                     return None
-                await conn.fetchval(
-                    self._q["audit_insert"],
+                await conn.execute(
+                    self._q["audit_note"],
                     str(self.table),
                     actor,
                     PauseAction.RESUME.value,
-                    json.dumps({"queue": queue}),
-                    None,
-                    1,
+                    json.dumps({"queue": queue, "type": job_type}),
                     reason,
                 )
                 await conn.fetchval(self._q["outbox_notify"], self.table.channel)
@@ -287,6 +287,7 @@ class OperatorQueries(SchemaQueries):
     def _pause(record: asyncpg.Record) -> Pause:
         return Pause(
             queue=record["queue"],
+            type=record["type"],
             reason=record["reason"],
             paused_by=record["paused_by"],
             paused_at=record["paused_at"],

@@ -13,6 +13,7 @@ import aiohttp
 import asyncpg
 
 from relayd import reconnect
+from relayd.housekeeping import Housekeeping
 from relayd.metrics import RelayMetrics
 from relayd.reconnect import DatabaseRetry
 from relayd.retry import Backoff, BreakerState
@@ -46,17 +47,16 @@ async def _status(env: dict[str, str], *args: str) -> str:
 async def _beat(store: Store, host: str) -> uuid.UUID:
     """A heartbeat written as a running relay's sampler writes it."""
     metrics = RelayMetrics()
+    database = DatabaseRetry(
+        Backoff(base_s=reconnect.BASE_S, cap_s=reconnect.CAP_S, rng=random.Random(1)), metrics
+    )
     sampler = Sampler(
         store=store,
         metrics=metrics,
-        database=DatabaseRetry(
-            Backoff(base_s=reconnect.BASE_S, cap_s=reconnect.CAP_S, rng=random.Random(1)), metrics
-        ),
-        interval_s=5.0,
         lease_s=30.0,
-        stopping=asyncio.Event(),
         instance=InstanceInfo(host=host, pid=1234, version="0.1.0"),
         activity=lambda: (BreakerState.OPEN, 2),
+        housekeeping=Housekeeping(metrics, database, asyncio.Event()),
     )
     await sampler.beat()
     return sampler.instance.instance_id
@@ -112,7 +112,7 @@ async def test_status_shows_every_state_pause_and_relay(
     assert any(line.split()[:2] == ["ready", "3"] for line in lines)
     assert any(line.split()[:2] == ["paused", "2"] for line in lines)
     assert "Top queues, over the first 10 pending rows in claim order" in lines
-    assert any(line.split()[:3] == ["mail", "smtp", "maintenance"] for line in lines)
+    assert any(line.split()[:5] == ["mail", "*", "2", "smtp", "maintenance"] for line in lines)
     assert [line.split()[0] for line in lines if "relay-b" in line] == [str(stale)]
     assert next(line for line in lines if "relay-b" in line).endswith("STALE")
     assert not next(line for line in lines if "relay-a" in line).endswith("STALE")

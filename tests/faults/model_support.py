@@ -188,11 +188,12 @@ class Relay:
         late = Claim(
             owner=old.owner,
             rows=rows,
+            sent_at=now,
             start_by=now + LEASE_S,
             lease_ends=now + LEASE_S,
             answered_at=now,
         )
-        await self.worker.settle(late, {row.event_id: Published("available") for row in rows})
+        await self.worker.settle(late, {row.event_id: Published("available") for row in rows}, {})
 
 
 @dataclass

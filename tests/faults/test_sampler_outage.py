@@ -9,6 +9,7 @@ import random
 import asyncpg
 
 from relayd import reconnect
+from relayd.housekeeping import Chore, Housekeeping
 from relayd.metrics import RelayMetrics
 from relayd.reconnect import DatabaseRetry
 from relayd.retry import Backoff, BreakerState
@@ -26,19 +27,19 @@ async def test_sampler_survives_a_database_outage(
     value = metrics.registry.get_sample_value
     store = await Store.connect(proxy.dsn_through(database.dsn), database.table, max_size=2)
     stopping = asyncio.Event()
+    retry = DatabaseRetry(
+        Backoff(base_s=reconnect.BASE_S, cap_s=reconnect.CAP_S, rng=random.Random(3)), metrics
+    )
+    housekeeping = Housekeeping(metrics, retry, stopping)
     sampler = Sampler(
         store=store,
         metrics=metrics,
-        database=DatabaseRetry(
-            Backoff(base_s=reconnect.BASE_S, cap_s=reconnect.CAP_S, rng=random.Random(3)), metrics
-        ),
-        interval_s=0.1,
         lease_s=30.0,
-        stopping=stopping,
         instance=InstanceInfo(),
         activity=lambda: (BreakerState.CLOSED, 0),
+        housekeeping=housekeeping,
     )
-    task = asyncio.create_task(sampler.run())
+    task = asyncio.create_task(housekeeping.every(Chore.SAMPLER, 0.1, sampler.sample))
     try:
         await produce(conn, 3)
 

@@ -10,6 +10,7 @@ import uuid
 import asyncpg
 
 from relayd import reconnect
+from relayd.housekeeping import Housekeeping
 from relayd.metrics import RelayMetrics
 from relayd.reconnect import DatabaseRetry
 from relayd.retry import Backoff, BreakerState
@@ -32,12 +33,10 @@ def _sampler(store: Store, **fields: object) -> Sampler:
     values: dict[str, object] = {
         "store": store,
         "metrics": metrics,
-        "database": DatabaseRetry(backoff, metrics),
-        "interval_s": 1.0,
         "lease_s": LEASE_S,
-        "stopping": asyncio.Event(),
         "instance": InstanceInfo(host="test-host", pid=4242),
         "activity": lambda: (BreakerState.CLOSED, 7),
+        "housekeeping": Housekeeping(metrics, DatabaseRetry(backoff, metrics), asyncio.Event()),
     }
     return Sampler(**(values | fields))  # type: ignore[arg-type]
 
@@ -190,5 +189,8 @@ async def test_status_report_lists_every_part(store: Store, conn: asyncpg.Connec
     assert [(c.name, c.rows) for c in report.top_queues] == [("orders", 8), ("mail", 2)]
     assert [(c.name, c.rows) for c in report.top_types] == [("test.echo", 8), ("mail.send", 2)]
     assert report.top_counted == 10
-    assert [(p.queue, p.reason, p.paused_by) for p in report.pauses] == [("mail", "test", "pytest")]
+    assert [
+        (held.pause.queue, held.pause.type, held.pause.reason, held.pause.paused_by, held.rows)
+        for held in report.pauses
+    ] == [("mail", "*", "test", "pytest", 2)]
     assert report.backlog.paused == 2

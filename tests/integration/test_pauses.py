@@ -94,8 +94,8 @@ async def test_pause_stops_claims_on_two_running_relays_and_resume_restarts_them
     ) == len(ids)
     audit = await conn.fetch("SELECT action, filters, reason FROM relayd.relayd_audit ORDER BY id")
     assert [tuple(r.values()) for r in audit] == [
-        ("pause", '{"queue": "*"}', "sink maintenance"),
-        ("resume", '{"queue": "*"}', None),
+        ("pause", '{"type": "*", "queue": "*"}', "sink maintenance"),
+        ("resume", '{"type": "*", "queue": "*"}', None),
     ]
 
 
@@ -104,7 +104,7 @@ async def test_a_paused_queue_waits_while_the_others_publish(
 ) -> None:
     """With one queue paused, its rows stay pending and the other queues' rows publish;
     resuming the queue publishes its rows."""
-    assert await store.pause("slow", "the slow service is down", "test-operator") is True
+    assert await store.pause("slow", "*", "the slow service is down", "test-operator") is True
     slow = await produce(conn, 10, queue="slow")
     fast = await produce(conn, 10, queue="fast")
     settings = relay_settings(
@@ -120,7 +120,7 @@ async def test_a_paused_queue_waits_while_the_others_publish(
         assert set(emulator.emulator.ledger()) == set(fast)
         assert await pending(conn) == len(slow)
 
-        lifted = await store.resume("slow", "test-operator")
+        lifted = await store.resume("slow", "*", "test-operator")
         assert lifted is not None
         assert lifted.reason == "the slow service is down"
         await eventually(lambda: drained(conn), timeout_s=10)
@@ -158,8 +158,8 @@ async def test_store_pause_writes_the_pause_and_its_audit_row_together(
     """`Store.pause` (the poison-storm guard's): one pause row, its reason updated by a
     second pause; an audit row for each; the claim then leases nothing."""
     await produce(conn, 3)
-    assert await store.pause("*", "poison storm: 50 dead letters in 60 s", "relayd guard")
-    assert not await store.pause("*", "poison storm: 80 dead letters in 60 s", "relayd guard")
+    assert await store.pause("*", "*", "poison storm: 50 dead letters in 60 s", "relayd guard")
+    assert not await store.pause("*", "*", "poison storm: 80 dead letters in 60 s", "relayd guard")
     pauses = await store.pauses()
     assert [(p.queue, p.reason, p.paused_by) for p in pauses] == [
         ("*", "poison storm: 80 dead letters in 60 s", "relayd guard")
@@ -170,5 +170,5 @@ async def test_store_pause_writes_the_pause_and_its_audit_row_together(
         ("relayd guard", "pause", "poison storm: 80 dead letters in 60 s"),
     ]
     assert await store.claim(10, uuid.uuid4(), 30.0) == []
-    assert await store.resume("*", "alice") is not None
+    assert await store.resume("*", "*", "alice") is not None
     assert len(await store.claim(10, uuid.uuid4(), 30.0)) == 3

@@ -117,8 +117,10 @@ async def test_stale_settle_changes_nothing(
     daemon = Daemon(settings, metrics=RelayMetrics())
     worker = RelayWorker(daemon.make_context(store), "stale-test")
     now = asyncio.get_running_loop().time()
-    claim_a = Claim(first, rows_a, start_by=now + 10, lease_ends=now + 30, answered_at=now)
-    await worker.settle(claim_a, {event_id: Published("available")})
+    claim_a = Claim(
+        first, rows_a, sent_at=now, start_by=now + 10, lease_ends=now + 30, answered_at=now
+    )
+    await worker.settle(claim_a, {event_id: Published("available")}, {})
 
     row = await conn.fetchrow(
         "SELECT lease_owner, published_at, attempts FROM relayd.outbox WHERE event_id = $1",

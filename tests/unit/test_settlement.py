@@ -12,6 +12,7 @@ from relayd.models import (
     ClaimedRow,
     DeadLetter,
     DeadReason,
+    Held,
     NotStarted,
     Outcome,
     Published,
@@ -155,19 +156,37 @@ def test_settled_outcomes_name_metrics_labels_and_log_events() -> None:
     ],
 )
 def test_a_poison_storm_retries_the_sinks_rejections(reason: DeadReason, group: str) -> None:
-    """During a poison storm a 400/413/422 is retried with its attempt refunded, never
-    dead-lettered; other dead letters stay dead."""
-    row = _row(3)
+    """During a poison storm of a row's queue and type a 400/413/422 is retried with its
+    attempt refunded, never dead-lettered; other dead letters stay dead; a row of another
+    queue and type (not among the storm's rows) is dead-lettered as ever."""
+    row, other = _row(3), _row(3)
     backoff = Backoff(base_s=1.0, cap_s=30.0, rng=random.Random(7))
+    rejected = DeadLetter(reason, "HTTP 400: invalid_request: m")
     settlement = plan(
-        [row],
-        {row.event_id: DeadLetter(reason, "HTTP 400: invalid_request: m")},
+        [row, other],
+        {row.event_id: rejected, other.event_id: rejected},
         max_attempts=MAX_ATTEMPTS,
         backoff=backoff,
         sink_wide=False,
-        storm=True,
+        storm_rows={row.event_id},
     )
-    assert _where(settlement) == group
+    assert row in getattr(settlement, group).rows
+    assert settlement.dead.rows[-1] is other
     if group == "retried":
         assert settlement.retried.refunds == [1]
         assert settlement.retried.errors[0].startswith("poison storm, not dead-lettered: HTTP 400")
+
+
+def test_a_row_the_storm_guard_held_is_retried_refunded_after_its_delay() -> None:
+    """`Held` (never sent: its queue and type are held): retried after the hold's delay,
+    its attempt given back, whatever attempts it used."""
+    row = _row(MAX_ATTEMPTS)
+    settlement = plan(
+        [row],
+        {row.event_id: Held("poison storm: queue q, type t held by relayd", 60.0)},
+        max_attempts=MAX_ATTEMPTS,
+        backoff=Backoff(base_s=1.0, cap_s=30.0, rng=random.Random(7)),
+        sink_wide=False,
+    )
+    assert _where(settlement) == "retried"
+    assert (settlement.retried.delays_s, settlement.retried.refunds) == ([60.0], [1])

@@ -12,7 +12,16 @@ from typing import Any
 import pytest
 
 from relayd.metrics import RelayMetrics
-from relayd.status import Backlog, Count, Instance, Pause, StatusReport, render_text, report_json
+from relayd.operator_models import Pause
+from relayd.status import (
+    Backlog,
+    Count,
+    HeldByPause,
+    Instance,
+    StatusReport,
+    render_text,
+    report_json,
+)
 
 AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -147,7 +156,19 @@ def _report() -> StatusReport:
         top_queues=[Count("default", 9), Count("mail", 1)],
         top_types=[Count("test.echo", 10)],
         top_counted=10,
-        pauses=[Pause("mail", "smtp migration", "alice", AT - timedelta(hours=1))],
+        pauses=[
+            HeldByPause(Pause("mail", "*", "smtp migration", "alice", AT - timedelta(hours=1)), 1),
+            HeldByPause(
+                Pause(
+                    "orders\x1b]52;c;cm0gLXJmIH4=\x07",
+                    "order.fulfill",
+                    "poison storm: forged\nRelays: none running",
+                    "relayd@web-1",
+                    AT - timedelta(minutes=30),
+                ),
+                0,
+            ),
+        ],
         instances=[
             Instance(
                 instance_id=str(uuid.UUID(int=1)),
@@ -160,6 +181,13 @@ def _report() -> StatusReport:
                 breaker_state="closed",
                 in_flight=3,
                 stale=False,
+                housekeeping={
+                    "cleanup": {
+                        "error": "delete_published: ForeignKeyViolationError: 23503: ...",
+                        "since": "2026-01-02T03:00:00+00:00",
+                        "failures": 4,
+                    }
+                },
             ),
             Instance(
                 instance_id=str(uuid.UUID(int=2)),
@@ -172,6 +200,7 @@ def _report() -> StatusReport:
                 breaker_state="open",
                 in_flight=0,
                 stale=True,
+                housekeeping={},
             ),
         ],
         stale_after_s=15.0,
@@ -194,14 +223,14 @@ def test_json_shape_is_stable() -> None:
     assert data["top"]["counted"] == 10
     assert data["top"]["queues"] == [{"name": "default", "rows": 9}, {"name": "mail", "rows": 1}]
     assert data["paused"] is True
-    assert data["pauses"] == [
-        {
-            "queue": "mail",
-            "reason": "smtp migration",
-            "paused_by": "alice",
-            "paused_at": "2026-01-02T02:04:05+00:00",
-        }
-    ]
+    assert data["pauses"][0] == {
+        "queue": "mail",
+        "type": "*",
+        "reason": "smtp migration",
+        "paused_by": "alice",
+        "paused_at": "2026-01-02T02:04:05+00:00",
+        "held_rows": 1,
+    }
     assert [i["stale"] for i in data["instances"]] == [False, True]
     assert set(data["instances"][0]) == {
         "instance_id",
@@ -214,7 +243,9 @@ def test_json_shape_is_stable() -> None:
         "stale",
         "breaker_state",
         "in_flight",
+        "housekeeping",
     }
+    assert data["instances"][0]["housekeeping"]["cleanup"]["failures"] == 4
     assert data["stale_after_s"] == 15.0
 
 
@@ -229,8 +260,29 @@ def test_human_output_marks_estimates_bounds_and_stale_relays() -> None:
     assert "  oldest pending     0.0s  since its created_at" in lines
     assert "(each state counted exactly up to 10 rows; ~ is PostgreSQL's estimate)" in text
     assert "Top queues, over the first 10 pending rows in claim order (the bound)" in text
-    assert "  mail   smtp migration  alice  2026-01-02 02:04:05 UTC" in lines
+    assert any(
+        line.split()
+        == ["mail", "*", "1", "smtp", "migration", "alice", "2026-01-02", "02:04:05", "UTC"]
+        for line in lines
+    )
+    assert (
+        f"  {uuid.UUID(int=1)}: housekeeping cleanup failing since 2026-01-02T03:00:00+00:00: "
+        "delete_published: ForeignKeyViolationError: 23503: ..."
+    ) in lines
     stale = [line for line in lines if "web-2" in line]
     assert stale[0].endswith("STALE")
     assert "2m03s ago" in stale[0]
     assert not next(line for line in lines if "web-1" in line).endswith("STALE")
+
+
+def test_text_from_the_database_cannot_drive_the_terminal() -> None:
+    """A queue name carrying an OSC 52 sequence (the clipboard) reaches the terminal as
+    visible escapes; a pause reason carrying a newline and a forged line stays on its line."""
+    text = render_text(_report())
+    assert "\x1b" not in text
+    assert "\x07" not in text
+    assert "orders\\x1b]52;c;cm0gLXJmIH4=\\x07" in text
+    assert "poison storm: forged Relays: none running" in text
+    assert [line for line in text.splitlines() if line.startswith("Relays")] == [
+        "Relays (stale: no heartbeat for more than 15.0s)"
+    ]

@@ -1,32 +1,55 @@
-"""The poison-storm guard: trips when most of the last settled rows were rejected by the
-sink, once per storm, and only on a full window."""
+"""The poison-storm guard: trips a queue and type when most of its last settled rows were
+rejected by the sink, once per storm, only on a full window of that key, and holds it until
+a claim sent after its pause was stored brings its rows back."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from relayd.models import DeadLetter, DeadReason, NotStarted, Outcome, Published, RetryLater
-from relayd.storm import StormGuard
+from relayd.storm import Key, StormGuard
 
 REJECTED = DeadLetter(DeadReason.SINK_REJECTED, "HTTP 400")
 UNPROCESSABLE = DeadLetter(DeadReason.SINK_UNPROCESSABLE, "HTTP 422")
 CONFLICT = DeadLetter(DeadReason.CONFLICT, "differs")
 OK = Published("available")
+ORDERS: Key = ("orders", "order.fulfill")
+MAIL: Key = ("mail", "mail.send")
+
+
+def _of(key: Key, outcomes: Sequence[Outcome]) -> list[tuple[Key, Outcome]]:
+    return [(key, outcome) for outcome in outcomes]
 
 
 def test_trips_past_the_threshold_of_a_full_window() -> None:
     """6 of the last 10 rejected (> 0.5): tripped; the verdict comes once."""
     guard = StormGuard(threshold=0.5, window=10)
-    assert not guard.observe([OK] * 4 + [REJECTED] * 5, now=1.0)  # 9 rows: not a full window
-    assert guard.observe([UNPROCESSABLE], now=2.0)
-    assert (guard.tripped, guard.tripped_at) == (True, 2.0)
-    assert guard.rejected_share() == (6, 10)
-    assert not guard.observe([REJECTED] * 10, now=3.0)  # already tripped: no second verdict
+    assert guard.observe(_of(ORDERS, [OK] * 4 + [REJECTED] * 5), now=1.0) == []  # 9: not full
+    assert guard.observe(_of(ORDERS, [UNPROCESSABLE]), now=2.0) == [ORDERS]
+    trip = guard.trips[ORDERS]
+    assert (trip.rejected, trip.settled, trip.at, trip.stored_at) == (6, 10, 2.0, None)
+    assert trip.reason(ORDERS) == (
+        "poison storm: the sink rejected 6 of the last 10 rows of queue orders, type order.fulfill"
+    )
+    assert guard.observe(_of(ORDERS, [REJECTED] * 10), now=3.0) == []  # no second verdict
 
 
 def test_exactly_the_threshold_does_not_trip() -> None:
     """'More than' the threshold: 5 of 10 at 0.5 is not a storm."""
     guard = StormGuard(threshold=0.5, window=10)
-    assert not guard.observe([OK] * 5 + [REJECTED] * 5, now=1.0)
-    assert not guard.tripped
+    assert guard.observe(_of(ORDERS, [OK] * 5 + [REJECTED] * 5), now=1.0) == []
+    assert guard.trips == {}
+
+
+def test_each_queue_and_type_has_its_own_window() -> None:
+    """One key's rejections never trip another key, nor fill its window: the healthy key
+    beside a rejected one keeps flowing."""
+    guard = StormGuard(threshold=0.5, window=4)
+    mixed = _of(ORDERS, [REJECTED] * 4) + _of(MAIL, [OK] * 4)
+    assert guard.observe(mixed, now=1.0) == [ORDERS]
+    assert guard.holds(ORDERS, claimed_at=2.0)
+    assert not guard.holds(MAIL, claimed_at=2.0)
+    assert guard.observe(_of(MAIL, [REJECTED] * 2 + [OK] * 2), now=3.0) == []  # 2 of 4
 
 
 def test_only_the_sinks_rejections_count_and_released_rows_are_not_settled() -> None:
@@ -34,15 +57,32 @@ def test_only_the_sinks_rejections_count_and_released_rows_are_not_settled() -> 
     released unstarted were not settled and do not fill the window."""
     guard = StormGuard(threshold=0.5, window=4)
     outcomes: list[Outcome] = [CONFLICT, RetryLater("odd"), NotStarted(), NotStarted(), OK]
-    assert not guard.observe(outcomes, now=1.0)
-    assert guard.rejected_share() == (0, 3)
+    assert guard.observe(_of(ORDERS, outcomes), now=1.0) == []
+    assert guard.observe(_of(ORDERS, [REJECTED]), now=2.0) == []  # 1 of the last 4
 
 
-def test_reset_starts_a_new_window() -> None:
-    """After the pause is lifted the guard starts over, so one old storm does not trip it."""
+def test_a_trip_holds_until_a_claim_sent_after_its_pause_was_stored() -> None:
+    """Unstored: held locally, whatever the claim's time. Stored at t=5: a claim sent before
+    may still hold its rows (held); one sent after can only have them if an operator resumed:
+    the trip ends and a fresh window starts."""
     guard = StormGuard(threshold=0.5, window=4)
-    assert guard.observe([REJECTED] * 4, now=1.0)
-    guard.reset()
-    assert not guard.tripped
-    assert guard.rejected_share() == (0, 0)
-    assert not guard.observe([REJECTED] * 3, now=2.0)
+    assert guard.observe(_of(ORDERS, [REJECTED] * 4), now=1.0) == [ORDERS]
+    assert guard.unstored() == [ORDERS]
+    assert guard.holds(ORDERS, claimed_at=100.0)
+    guard.stored(ORDERS, now=5.0)
+    assert guard.unstored() == []
+    assert guard.holds(ORDERS, claimed_at=4.0)
+    assert not guard.holds(ORDERS, claimed_at=6.0)
+    assert guard.trips == {}
+    assert guard.observe(_of(ORDERS, [REJECTED] * 3), now=7.0) == []  # a fresh window
+
+
+def test_the_keys_remembered_are_bounded() -> None:
+    """A producer inventing types cannot grow the guard's memory: the least recently seen
+    key's window is forgotten first."""
+    guard = StormGuard(threshold=0.5, window=2, max_keys=3)
+    for n in range(5):
+        guard.observe([(("q", f"t{n}"), REJECTED)], now=float(n))
+    # t0 and t1 were forgotten: one more rejection each does not complete their windows.
+    assert guard.observe([(("q", "t0"), REJECTED), (("q", "t1"), REJECTED)], now=9.0) == []
+    assert guard.observe([(("q", "t4"), REJECTED)], now=10.0) == [("q", "t4")]
