@@ -174,7 +174,10 @@ class OjsSink:
         if answer.status in (401, 403):
             return False, f"HTTP {answer.status}: not authorised (check sink.token_file)"
         if answer.status != 200:
-            return False, f"HTTP {answer.status} for {MANIFEST_PATH} (check sink.url)"
+            # A failing server (5xx, 429) is no reason to doubt the URL.
+            wrong_url = answer.status in (404, 405) or 300 <= answer.status < 400
+            hint = " (check sink.url)" if wrong_url else ""
+            return False, f"HTTP {answer.status} for {MANIFEST_PATH}{hint}"
         manifest = parse_json(answer.body)
         if not isinstance(manifest, dict):
             return False, f"{MANIFEST_PATH} is not an OJS manifest"
