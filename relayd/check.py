@@ -195,7 +195,10 @@ async def _sink_line(settings: Settings) -> CheckLine:
 class _Ignored(SinkHealth):
     """`relayd check` has no breaker to feed."""
 
-    def sink_ok(self) -> None:
+    def sink_accepted(self) -> None:
+        pass
+
+    def sink_answered(self) -> None:
         pass
 
     def sink_failed(self, *, severe: bool) -> None:

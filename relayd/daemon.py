@@ -23,6 +23,7 @@ from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
 from relayd import reconnect, systemd
+from relayd.breaker import BreakerGate
 from relayd.cleanup import clean_published
 from relayd.config import Settings, parse_listen
 from relayd.errors import EXIT_FAILURE, EXIT_OK, DatabaseUnavailable, ListenError, WorkerCrashed
@@ -32,7 +33,7 @@ from relayd.logs import configure_logging, get_logger
 from relayd.metrics import RelayMetrics
 from relayd.migrate import require_current
 from relayd.reconnect import DatabaseRetry
-from relayd.relay import BreakerGate, RelayContext, RelayWorker, store_storm_pauses
+from relayd.relay import RelayContext, RelayWorker, store_storm_pauses
 from relayd.retry import Backoff, BreakerState, CircuitBreaker
 from relayd.sampler import InstanceInfo, Sampler
 from relayd.sinks.ojs import OjsSink

@@ -1,4 +1,5 @@
-"""The relay worker loop: claim -> publish -> settle, and the breaker gate the workers share.
+"""The relay worker loop: claim -> publish -> settle (the breaker gate the workers share is
+in `breaker.py`).
 
 No SQL text and no HTTP detail live here: `store/` runs the statements, `sinks/ojs.py`
 speaks OJS and classifies answers. Each step is its own awaitable method, so a failpoint or
@@ -25,6 +26,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from relayd import failpoints, mutants
+from relayd.breaker import BreakerGate
 from relayd.config import Settings
 from relayd.errors import DatabaseUnavailable, StatementError, WorkerCrashed
 from relayd.housekeeping import Chore, Housekeeping
@@ -44,7 +46,7 @@ from relayd.models import (
     timed_out,
 )
 from relayd.reconnect import DatabaseRetry
-from relayd.retry import Backoff, BreakerState, CircuitBreaker, Permit
+from relayd.retry import Backoff, BreakerState, Permit
 from relayd.settlement import (
     DeadRows,
     PublishedRows,
@@ -58,7 +60,7 @@ from relayd.settlement import (
 from relayd.sinks import Sink
 from relayd.store import Store
 from relayd.storm import Key, StormGuard, sink_rejected
-from relayd.wakeup import Wakeup, WorkSignal
+from relayd.wakeup import WorkSignal
 from relayd.watermark import Watermark
 
 # An idle worker never sleeps less than this, even when a row is due "now" but was locked by
@@ -68,60 +70,6 @@ from relayd.watermark import Watermark
 # poll rate, not spun on. A notification resets it: under a steady load a worker often finds
 # the rows it was woken for taken by another, and must not lag behind for it.
 _MIN_IDLE_S = 0.01
-
-
-class BreakerGate:
-    """The process's circuit breaker as the workers see it: async permits, logs, metrics."""
-
-    def __init__(
-        self, breaker: CircuitBreaker, metrics: RelayMetrics, stopping: asyncio.Event
-    ) -> None:
-        self._breaker = breaker
-        self._metrics = metrics
-        self._stopping = stopping
-        self._changed = Wakeup()
-        self._log = get_logger("breaker")
-        metrics.set_breaker(breaker.state)
-
-    @property
-    def state(self) -> BreakerState:
-        return self._breaker.state
-
-    async def acquire(self) -> Permit | None:
-        """Wait until claiming is allowed; None once the process is stopping."""
-        while not self._stopping.is_set():
-            snapshot = self._changed.snapshot()
-            permit = self._breaker.permit()
-            if isinstance(permit, Permit):
-                if permit is Permit.PROBE:
-                    self._publish_state("breaker.probing")
-                return permit
-            await self._changed.wait(snapshot, permit)
-        return None
-
-    def end_probe(self) -> None:
-        self._breaker.end_probe()
-        self._changed.notify()
-
-    def wake_all(self) -> None:
-        self._changed.notify()
-
-    # SinkHealth: the sink reports every exchange here.
-    def sink_ok(self) -> None:
-        if self._breaker.record_success():
-            self._publish_state("breaker.closed")
-
-    def sink_failed(self, *, severe: bool) -> None:
-        if self._breaker.record_failure(severe=severe):
-            self._metrics.breaker_opened.inc()
-            self._publish_state("breaker.opened", severe=severe)
-
-    def _publish_state(self, event: str, **fields: object) -> None:
-        self._metrics.set_breaker(self._breaker.state)
-        # Opening is news an operator must see; probing and closing again are recovery.
-        log = self._log.warning if self._breaker.state is BreakerState.OPEN else self._log.info
-        log(event, state=self._breaker.state.name.lower(), **fields)
-        self._changed.notify()
 
 
 @dataclass(frozen=True)
@@ -217,6 +165,10 @@ class RelayWorker:
             claim = await self.claim(limit)
             if not claim.rows:
                 self._empty_claims += 1
+                if permit is Permit.PROBE:
+                    # Nothing to probe with: the sink's health request tells instead.
+                    step = "probe"
+                    await self._ctx.gate.ask_sink(self._ctx.sink, self._ctx.settings.sink.timeout_s)
                 return False
             self._empty_claims = 0
             full = len(claim.rows) == limit

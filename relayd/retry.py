@@ -8,7 +8,15 @@ Backoff for the n-th attempt (n >= 1) is uniform over [0, min(cap_s, base_s * 2*
 
 The breaker: CLOSED -> OPEN after `threshold` consecutive sink-wide failures (or one severe
 failure: 401/403, a wrong base URL) -> after a jittered cooldown, HALF_OPEN: one probe
-permit -> CLOSED on a success, OPEN again (with a longer cooldown) on a failure.
+permit, to send one row -> CLOSED once the sink stores a row we sent, OPEN again (with a
+longer cooldown) on a failure. Only a stored row is proof: a read that found or missed a job
+shows that the sink reads, not that it writes, and a verdict on a row stores nothing.
+
+A probe that found no row to send asks the sink's health instead; an answer moves the
+breaker to CLOSED, *unproven*: the gauge and `/readyz` read closed, but claims stay one row
+at a time (a probe permit), a failure reopens it at once, and the cooldown keeps growing,
+until a row is stored. An idle relay so learns the sink is back, and a sink that answers
+but does not store never gets full batches.
 """
 
 from __future__ import annotations
@@ -72,7 +80,7 @@ class BreakerState(enum.IntEnum):
 
 class Permit(enum.Enum):
     CLAIM = "claim"  # closed: claim a full batch
-    PROBE = "probe"  # half-open: claim one row to test the sink
+    PROBE = "probe"  # half-open, or closed but unproven: claim one row to test the sink
 
 
 class CircuitBreaker:
@@ -93,37 +101,63 @@ class CircuitBreaker:
         self._rng = rng
         self._clock = clock
         self.state = BreakerState.CLOSED
+        # Closed by a stored row (or never opened), not only by a health answer.
+        self.proven = True
         self._failures = 0
-        self._opens = 0  # consecutive openings, for the growing cooldown
+        # Openings since the sink last stored a row: the cooldown's exponent.
+        self.openings = 0
+        self.cooldown_s = 0.0  # the last cooldown drawn
         self._retry_at = 0.0
         self._probing = False
 
     def permit(self) -> Permit | float | None:
         """A permit, or seconds to wait before asking again (None: wait for a change)."""
-        if self.state is BreakerState.CLOSED:
+        if self.state is BreakerState.CLOSED and self.proven:
             return Permit.CLAIM
         if self._probing:
             return None
-        remaining = self._retry_at - self._clock()
-        if remaining > 0:
-            return remaining
-        self.state = BreakerState.HALF_OPEN
+        if self.state is BreakerState.OPEN:
+            remaining = self._retry_at - self._clock()
+            if remaining > 0:
+                return remaining
+            self.state = BreakerState.HALF_OPEN
         self._probing = True
         return Permit.PROBE
 
     def end_probe(self) -> None:
-        """The probe ended without telling anything (no row, no request): allow another."""
+        """The probe ended without a verdict (no row, or a row that proved nothing): allow
+        another."""
         self._probing = False
 
-    def record_success(self) -> bool:
-        """The sink answered sanely; returns True if this closed the breaker."""
+    def record_alive(self) -> bool:
+        """A half-open probe found no row, and the sink answered its health request: closed,
+        unproven. Returns True if this closed the breaker."""
+        if self.state is not BreakerState.HALF_OPEN:
+            return False  # reopened meanwhile, or closed by a stored row
+        self.state = BreakerState.CLOSED
+        self.proven = False
         self._failures = 0
         self._probing = False
-        if self.state is BreakerState.CLOSED:
+        return True
+
+    def record_accepted(self) -> bool:
+        """The sink stored a row we sent, the one proof that it works: closed, proven, the
+        cooldown back to its first length. Returns True if this changed anything."""
+        if self.state is BreakerState.CLOSED and self.proven:
+            self._failures = 0
             return False
         self.state = BreakerState.CLOSED
-        self._opens = 0
+        self.proven = True
+        self._failures = 0
+        self.openings = 0
+        self._probing = False
         return True
+
+    def record_answered(self) -> None:
+        """The sink answered a write with a verdict on the row, storing nothing (400, 409, a
+        paused queue): its write path answers, so a streak of failures ends; closes nothing."""
+        if self.state is BreakerState.CLOSED:
+            self._failures = 0
 
     def record_failure(self, *, severe: bool = False) -> bool:
         """A sink-wide failure; returns True if this opened the breaker."""
@@ -131,14 +165,21 @@ class CircuitBreaker:
         self._probing = False
         if self.state is BreakerState.OPEN:
             return False
-        if self.state is BreakerState.HALF_OPEN or severe or self._failures >= self._threshold:
+        if (
+            self.state is BreakerState.HALF_OPEN
+            or not self.proven
+            or severe
+            or self._failures >= self._threshold
+        ):
             self._open()
             return True
         return False
 
     def _open(self) -> None:
-        self._opens += 1
-        ceiling = min(self._cap_s, self._cooldown_s * 2.0 ** min(self._opens - 1, 32))
+        self.openings += 1
+        ceiling = min(self._cap_s, self._cooldown_s * 2.0 ** min(self.openings - 1, 32))
         # Jitter (half to all of the ceiling) keeps replicas from probing in lockstep.
-        self._retry_at = self._clock() + self._rng.uniform(ceiling / 2, ceiling)
+        self.cooldown_s = self._rng.uniform(ceiling / 2, ceiling)
+        self._retry_at = self._clock() + self.cooldown_s
         self.state = BreakerState.OPEN
+        self.proven = False

@@ -397,15 +397,19 @@ def dsn_as(dsn: str, role: str) -> str:
 
 class SinkHealthRecord:
     """Where an OjsSink reports its exchanges (the breaker, in the daemon): counted here,
-    with each failure's severity."""
+    with each failure's severity. `ok` counts rows the sink stored."""
 
     def __init__(self) -> None:
         self.ok = 0
+        self.answered = 0
         self.failed = 0
         self.severities: list[bool] = []
 
-    def sink_ok(self) -> None:
+    def sink_accepted(self) -> None:
         self.ok += 1
+
+    def sink_answered(self) -> None:
+        self.answered += 1
 
     def sink_failed(self, *, severe: bool) -> None:
         self.failed += 1

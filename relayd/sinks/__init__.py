@@ -28,11 +28,22 @@ class Capabilities:
 
 
 class SinkHealth(Protocol):
-    """Where a sink reports each exchange: the circuit breaker."""
+    """Where a sink reports what its exchanges show of its health: the circuit breaker.
 
-    def sink_ok(self) -> None: ...
+    A read that found or missed a job is not reported: it shows that the sink reads, not
+    that it writes, and must not close the breaker while every write fails.
+    """
 
-    def sink_failed(self, *, severe: bool) -> None: ...
+    def sink_accepted(self) -> None:
+        """The sink stored a row we sent (a 2xx to a write): the one proof that it works."""
+
+    def sink_answered(self) -> None:
+        """The sink answered a write with a verdict on the row and stored nothing (400,
+        409, a paused queue): its write path answers."""
+
+    def sink_failed(self, *, severe: bool) -> None:
+        """A failure of the sink, not of the row; `severe` when every request will fail until
+        an operator acts (401/403, a wrong URL)."""
 
 
 class Sink(Protocol):
@@ -62,7 +73,8 @@ class Sink(Protocol):
 
     async def check(self) -> tuple[bool, str]:
         """Whether the sink answers and accepts our credentials, and one line saying so
-        (`relayd check`)."""
+        (`relayd check`; the breaker's probe when it has no row to send). Stores nothing
+        and reports nothing to `SinkHealth`."""
 
     async def reconcile(self, row: ClaimedRow, envelope: Envelope) -> Outcome | NotFound:
         """What the sink holds under the row's id: published (it holds this envelope),

@@ -174,7 +174,10 @@ class OjsSink:
         if answer.status in (401, 403):
             return False, f"HTTP {answer.status}: not authorised (check sink.token_file)"
         if answer.status != 200:
-            return False, f"HTTP {answer.status} for {MANIFEST_PATH} (check sink.url)"
+            # A failing server (5xx, 429) is no reason to doubt the URL.
+            wrong_url = answer.status in (404, 405) or 300 <= answer.status < 400
+            hint = " (check sink.url)" if wrong_url else ""
+            return False, f"HTTP {answer.status} for {MANIFEST_PATH}{hint}"
         manifest = parse_json(answer.body)
         if not isinstance(manifest, dict):
             return False, f"{MANIFEST_PATH} is not an OJS manifest"
@@ -213,7 +216,8 @@ class OjsSink:
             "POST", JOBS_PATH, row.job, request_id(row.event_id, row.attempts)
         )
         return self._noted(
-            answer if isinstance(answer, SinkDown) else classify_post(answer, row.event_id)
+            answer if isinstance(answer, SinkDown) else classify_post(answer, row.event_id),
+            write=True,
         )
 
     async def _get(self, row: ClaimedRow, envelope: Envelope, suffix: str) -> Outcome | NotFound:
@@ -224,7 +228,8 @@ class OjsSink:
             request_id(row.event_id, row.attempts, suffix),
         )
         return self._noted(
-            answer if isinstance(answer, SinkDown) else classify_get(answer, envelope)
+            answer if isinstance(answer, SinkDown) else classify_get(answer, envelope),
+            write=False,
         )
 
     # --- batches ---
@@ -278,15 +283,20 @@ class OjsSink:
                 request_id(chunk[0].event_id, chunk[0].attempts, f"-batch{len(chunk)}"),
             )
             if isinstance(answer, SinkDown):
-                self._noted(answer)
+                self._noted(answer, write=True)
                 outcomes.update((row.event_id, answer) for row in chunk)
                 continue
             verdict = classify_batch(answer, chunk)
             if isinstance(verdict, BatchFailed):
-                failed = self._noted(verdict.outcome)
+                failed = self._noted(verdict.outcome, write=True)
                 outcomes.update((row.event_id, failed) for row in chunk)
                 continue
-            self._health.sink_ok()
+            if isinstance(verdict, BatchAccepted) and any(
+                isinstance(outcome, Published) for outcome in verdict.outcomes.values()
+            ):
+                self._health.sink_accepted()
+            else:
+                self._health.sink_answered()
             if isinstance(verdict, BatchAccepted):
                 outcomes.update(verdict.outcomes)
             elif isinstance(verdict, BatchNotServed):
@@ -372,12 +382,17 @@ class OjsSink:
                 self._secrets = tuple(sorted(forms, key=len, reverse=True))
         return self._token
 
-    def _noted(self, outcome: _O) -> _O:
-        """Tell the breaker whether this exchange showed a healthy sink."""
+    def _noted(self, outcome: _O, *, write: bool) -> _O:
+        """Tell the breaker what this exchange showed: a failure of the sink; for a write,
+        a row it stored or a verdict on the row. A read that found or missed a job is not
+        told: it shows that the sink reads, not that it writes (C5)."""
         if isinstance(outcome, SinkDown):
             self._health.sink_failed(severe=outcome.severe)
-        else:
-            self._health.sink_ok()
+        elif write:
+            if isinstance(outcome, Published):
+                self._health.sink_accepted()
+            else:
+                self._health.sink_answered()
         return outcome
 
 

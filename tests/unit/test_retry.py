@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 import pytest
 import structlog
 
+from relayd.breaker import BreakerGate
 from relayd.metrics import RelayMetrics
-from relayd.relay import BreakerGate
 from relayd.retry import Backoff, BreakerState, CircuitBreaker, Permit, parse_retry_after
 
 
@@ -89,12 +89,12 @@ def _breaker(clock: FakeClock, threshold: int = 3) -> CircuitBreaker:
 
 
 def test_breaker_opens_after_consecutive_failures_only() -> None:
-    """A success between failures resets the count; `threshold` in a row opens it."""
+    """A stored row between failures resets the count; `threshold` in a row opens it."""
     clock = FakeClock()
     breaker = _breaker(clock)
     assert not breaker.record_failure()
     assert not breaker.record_failure()
-    breaker.record_success()
+    breaker.record_accepted()
     assert not breaker.record_failure()
     assert not breaker.record_failure()
     assert breaker.record_failure()
@@ -120,7 +120,7 @@ def test_breaker_probes_once_after_a_jittered_cooldown() -> None:
     assert breaker.permit() is Permit.PROBE
     assert _state(breaker) is BreakerState.HALF_OPEN
     assert breaker.permit() is None  # the probe is out: wait for it
-    assert breaker.record_success()
+    assert breaker.record_accepted()
     assert _state(breaker) is BreakerState.CLOSED
     assert breaker.permit() is Permit.CLAIM
 
@@ -140,6 +140,94 @@ def test_failed_probe_reopens_with_a_longer_cooldown() -> None:
         assert breaker.record_failure()
     ceilings = [10.0, 20.0, 40.0, 60.0, 60.0]
     assert all(c / 2 <= w <= c for w, c in zip(waits, ceilings, strict=True))
+
+
+def _opened(breaker: CircuitBreaker, clock: FakeClock) -> None:
+    """Open the breaker (a severe failure) and let its cooldown pass."""
+    breaker.record_failure(severe=True)
+    clock.now += 100
+
+
+_H, _C, _O = BreakerState.HALF_OPEN, BreakerState.CLOSED, BreakerState.OPEN
+
+
+@pytest.mark.parametrize(
+    ("steps", "state", "permit"),
+    [
+        # A verdict on the probe row stores nothing: still half-open, the probe still out...
+        (["probe", "answered"], _H, None),
+        # ... and once it ends, the next row probes.
+        (["probe", "answered", "end"], _H, Permit.PROBE),
+        # A stored row closes it: full claims.
+        (["probe", "accepted"], _C, Permit.CLAIM),
+        # No row to probe with, the sink answered its health request: closed, but unproven,
+        # so claims stay one row at a time...
+        (["probe", "alive"], _C, Permit.PROBE),
+        (["probe", "alive", "probe"], _C, None),
+        (["probe", "alive", "probe", "end"], _C, Permit.PROBE),
+        (["probe", "alive", "probe", "answered", "end"], _C, Permit.PROBE),
+        # ... until a row is stored...
+        (["probe", "alive", "probe", "accepted"], _C, Permit.CLAIM),
+        # ... and one failure opens it again, with no streak needed.
+        (["probe", "alive", "fail"], _O, float),
+        # A health answer cannot close an open breaker (a probe's failure came first).
+        (["probe", "fail", "alive"], _O, float),
+    ],
+)
+def test_what_each_report_does_to_an_opened_breaker(
+    steps: list[str], state: BreakerState, permit: Permit | type[float] | None
+) -> None:
+    """C5, as a table: after an opening and its cooldown, only a stored row closes the
+    breaker for full claims; a health answer closes it unproven."""
+    clock = FakeClock()
+    breaker = _breaker(clock, threshold=3)
+    _opened(breaker, clock)
+    for step in steps:
+        if step == "probe":
+            assert breaker.permit() is Permit.PROBE
+        elif step == "end":
+            breaker.end_probe()
+        elif step == "fail":
+            breaker.record_failure()
+        else:
+            getattr(breaker, f"record_{step}")()
+    assert _state(breaker) is state
+    granted = breaker.permit()
+    assert isinstance(granted, float) if permit is float else granted is permit
+
+
+def test_answered_writes_end_a_streak_of_failures() -> None:
+    """A verdict on a row shows the write path answers: the count of consecutive failures
+    starts again."""
+    breaker = _breaker(FakeClock(), threshold=3)
+    breaker.record_failure()
+    breaker.record_failure()
+    breaker.record_answered()
+    breaker.record_failure()
+    assert not breaker.record_failure()
+    assert breaker.record_failure()
+
+
+def test_the_cooldown_grows_until_a_row_is_stored() -> None:
+    """Reopenings after closes on a health answer keep doubling the cooldown's ceiling; a
+    stored row brings it back to its first length."""
+    clock = FakeClock()
+    breaker = _breaker(clock, threshold=1)
+    breaker.record_failure()
+    for ceiling in [10.0, 20.0, 40.0, 60.0, 60.0]:
+        assert ceiling / 2 <= breaker.cooldown_s <= ceiling
+        clock.now += breaker.cooldown_s
+        assert breaker.permit() is Permit.PROBE
+        assert breaker.record_alive()
+        assert breaker.permit() is Permit.PROBE
+        assert breaker.record_failure()
+    assert breaker.openings == 6
+    clock.now += breaker.cooldown_s
+    assert breaker.permit() is Permit.PROBE
+    assert breaker.record_accepted()
+    assert breaker.openings == 0
+    assert breaker.record_failure()
+    assert 5.0 <= breaker.cooldown_s <= 10.0
 
 
 def test_probe_that_told_nothing_can_be_retried() -> None:
@@ -165,9 +253,36 @@ async def test_breaker_logs_opening_as_a_warning_and_recovery_as_info() -> None:
         gate.sink_failed(severe=False)
         clock.now += 60
         assert await gate.acquire() is Permit.PROBE
-        gate.sink_ok()
+        gate.sink_accepted()
     assert [(entry["event"], entry["log_level"]) for entry in logs] == [
         ("breaker.opened", "warning"),
         ("breaker.probing", "info"),
         ("breaker.closed", "info"),
     ]
+
+
+async def test_breaker_logs_state_changes_not_probes() -> None:
+    """Probes that tell nothing (no row, a row that proved nothing) follow one another
+    without a log line each: `breaker.probing` once per cooldown, and nothing for a stored
+    row while the breaker is closed."""
+    clock = FakeClock()
+    breaker = CircuitBreaker(
+        threshold=1, cooldown_s=10.0, cap_s=60.0, rng=random.Random(3), clock=clock
+    )
+    gate = BreakerGate(breaker, RelayMetrics(), asyncio.Event())
+    with structlog.testing.capture_logs() as logs:
+        gate.sink_failed(severe=False)
+        clock.now += 60
+        for _ in range(5):
+            assert await gate.acquire() is Permit.PROBE
+            gate.sink_answered()
+            gate.end_probe()
+        gate.sink_accepted()
+        gate.sink_accepted()
+    assert [entry["event"] for entry in logs] == [
+        "breaker.opened",
+        "breaker.probing",
+        "breaker.closed",
+    ]
+    assert logs[0]["openings"] == 1
+    assert logs[-1]["proof"] == "publish"
