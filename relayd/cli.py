@@ -1,7 +1,8 @@
 """The `relayd` command line: subcommands, their output, and exit codes.
 
 Exit codes: 0 success, 1 failure (database unreachable, schema missing, a run that crashed),
-2 usage or configuration error (one line on stderr naming the key).
+2 usage or configuration error (one line on stderr naming the key), 141 the reader of stdout
+went away (`relayd dlq list | head`: nothing on stderr, as when a Unix tool dies of SIGPIPE).
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import select
+import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -28,8 +32,25 @@ from relayd.errors import (
 
 Handler = Callable[[argparse.Namespace], int]
 
+# What a shell reports for a process killed by SIGPIPE.
+EXIT_READER_GONE = 128 + signal.SIGPIPE
+
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _dispatch(argv)
+        finally:
+            # What is still buffered is written now, so that a reader gone shows here rather
+            # than as a complaint of the interpreter's last flush.
+            sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise
+        return _reader_gone()
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
@@ -46,6 +67,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on it):
+    a BrokenPipeError from anything else (a socket) is not the reader going away."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _fd, events in poller.poll(0))
+    except (OSError, ValueError):  # no stdout, or not a file descriptor
+        return False
+
+
+def _reader_gone() -> int:
+    """Exit quietly when the reader of our output went away, as Unix tools do. Whatever is
+    still buffered cannot be written: stdout becomes /dev/null, so that the interpreter's
+    flush at exit does not complain either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return EXIT_READER_GONE
 
 
 _CONFIG_HELP = "TOML file (default: $RELAYD_CONFIG, else /etc/relayd/config.toml)"
