@@ -29,6 +29,7 @@ from relayd.errors import (
     MigrationError,
     SchemaError,
 )
+from relayd.privileges import Role
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -117,7 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="can relayd run here? configuration, database, schema, privileges, sink, clock",
     )
     check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.add_argument(
+        "--role",
+        choices=(Role.RELAY.value, Role.OPERATOR.value),
+        default=Role.RELAY.value,
+        help="whose privileges to check: relayd run's (relay, the default) or the operator "
+        "commands' (operator)",
+    )
     check.set_defaults(handler=_check)
+    _add_grants_command(commands, common)
 
     doctor = commands.add_parser(
         "doctor",
@@ -205,6 +214,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_grants_command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
+    grants = commands.add_parser(
+        "grants",
+        parents=[common],
+        help="print the GRANT script a role needs on the configured outbox",
+    )
+    grants.add_argument(
+        "--role",
+        required=True,
+        choices=[role.value for role in Role],
+        help="relay (relayd run), operator (status, dlq, pause, resume, doctor) or migrator "
+        "(relayd migrate)",
+    )
+    grants.add_argument(
+        "--to",
+        metavar="ROLE",
+        help="the database role to grant to (default: relayd, relayd_operator, relayd_migrator)",
+    )
+    grants.add_argument("--json", action="store_true", help="machine-readable output")
+    grants.set_defaults(handler=_grants)
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(args.config)
 
@@ -250,12 +284,33 @@ def _check(args: argparse.Namespace) -> int:
     from relayd.check import failed, run_checks  # noqa: PLC0415
 
     settings = _settings(args)
-    lines = asyncio.run(run_checks(settings, describe_config_source(args.config)))
+    lines = asyncio.run(run_checks(settings, describe_config_source(args.config), Role(args.role)))
     if args.json:
         print(json.dumps([line.as_json() for line in lines], indent=2))
     else:
         print("\n".join(line.render() for line in lines))
     return EXIT_FAILURE if failed(lines) else EXIT_OK
+
+
+def _grants(args: argparse.Namespace) -> int:
+    from relayd.privileges import DEFAULT_GRANTEE, grant_script  # noqa: PLC0415
+
+    settings = _settings(args)
+    role = Role(args.role)
+    try:
+        script = grant_script(
+            role,
+            settings.outbox.outbox_table,
+            DEFAULT_GRANTEE[role] if args.to is None else args.to,
+            cleanup=settings.cleanup.enabled,
+        )
+    except ValueError as exc:
+        raise ConfigError("--to", str(exc)) from None
+    if args.json:
+        print(json.dumps(script.as_json(), indent=2))
+    else:
+        print(script.text(), end="")
+    return EXIT_OK
 
 
 def _doctor(args: argparse.Namespace) -> int:

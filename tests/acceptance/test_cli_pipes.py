@@ -21,6 +21,8 @@ REPORTS = [
     ("config", "example"),
     ("config", "show"),
     ("config", "show", "--json"),
+    ("grants", "--role", "relay"),
+    ("grants", "--role", "operator", "--json"),
     ("check",),
     ("check", "--json"),
     ("doctor",),
