@@ -1,8 +1,9 @@
 """The `relayd` command line: subcommands, their output, and exit codes.
 
-Exit codes: 0 success, 1 failure (database unreachable, schema missing, a run that crashed),
-2 usage or configuration error (one line on stderr naming the key), 141 the reader of stdout
-went away (`relayd dlq list | head`: nothing on stderr, as when a Unix tool dies of SIGPIPE).
+Exit codes: 0 success, 1 failure (database unreachable, schema missing, a privilege missing,
+a run that crashed), 2 usage or configuration error (one line on stderr naming the key),
+141 the reader of stdout went away (`relayd dlq list | head`: nothing on stderr, as when a
+Unix tool dies of SIGPIPE).
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ from relayd.errors import (
     DatabaseUnavailable,
     ListenError,
     MigrationError,
+    PrivilegeError,
     SchemaError,
+    StatementError,
 )
-from relayd.privileges import Role
+from relayd.privileges import Role, hint
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -66,8 +69,18 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     except DatabaseUnavailable as exc:
         _fail(f"database unavailable: {exc}")
         return EXIT_FAILURE
+    except StatementError as exc:
+        if isinstance(exc, PrivilegeError):
+            _fail(f"{exc}; {hint(_ROLES.get(args.command, Role.OPERATOR))}")
+        else:
+            _fail(f"the database refused the statement {exc}")
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
+
+
+# The role whose grants a command needs (the others are the operator's).
+_ROLES = {"run": Role.RELAY, "migrate": Role.MIGRATOR}
 
 
 def _stdout_gone() -> bool:

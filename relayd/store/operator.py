@@ -196,16 +196,17 @@ class OperatorQueries(SchemaQueries):
                 inserted: bool = await conn.fetchval(
                     self._q["pause_upsert"], str(self.table), queue, reason, actor
                 )
-                await conn.fetchval(
-                    self._q["audit_insert"],
-                    str(self.table),
-                    actor,
-                    PauseAction.PAUSE.value,
-                    json.dumps({"queue": queue}),
-                    None,
-                    1,
-                    reason,
-                )
+                with _translated("audit_insert"):
+                    await conn.fetchval(
+                        self._q["audit_insert"],
+                        str(self.table),
+                        actor,
+                        PauseAction.PAUSE.value,
+                        json.dumps({"queue": queue}),
+                        None,
+                        1,
+                        reason,
+                    )
         return inserted
 
     async def resume(self, queue: str, actor: str, reason: str | None = None) -> Pause | None:
@@ -217,16 +218,17 @@ class OperatorQueries(SchemaQueries):
                 record = await conn.fetchrow(self._q["pause_delete"], str(self.table), queue)
                 if record is None:
                     return None
-                await conn.fetchval(
-                    self._q["audit_insert"],
-                    str(self.table),
-                    actor,
-                    PauseAction.RESUME.value,
-                    json.dumps({"queue": queue}),
-                    None,
-                    1,
-                    reason,
-                )
+                with _translated("audit_insert"):
+                    await conn.fetchval(
+                        self._q["audit_insert"],
+                        str(self.table),
+                        actor,
+                        PauseAction.RESUME.value,
+                        json.dumps({"queue": queue}),
+                        None,
+                        1,
+                        reason,
+                    )
                 await conn.fetchval(self._q["outbox_notify"], self.table.channel)
         return self._pause(record)
 

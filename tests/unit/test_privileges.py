@@ -1,5 +1,6 @@
 """The one list of what each database role needs (relayd/privileges.py): every statement is
-in it, the scripts it prints are valid one-line commands, and the docs show exactly them."""
+in it, the scripts it prints are valid one-line commands, the docs show exactly them, and a
+permission error names the privilege and the object."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from relayd.privileges import (
     STATEMENTS,
     Obj,
     Role,
+    explain_denial,
     grant_script,
     role_grants,
     role_privileges,
@@ -98,3 +100,65 @@ def test_the_docs_show_the_generated_scripts() -> None:
             role, table, DEFAULT_GRANTEE[role], cleanup=CleanupSettings().enabled
         ).text()
         assert shown == expected, role
+
+
+@pytest.mark.parametrize(
+    ("statement", "message", "line"),
+    [
+        (
+            "migrations_applied",
+            "permission denied for table relayd_migrations",
+            "permission denied: needs SELECT on table relayd_migrations",
+        ),
+        (
+            "heartbeat",
+            "permission denied for table relayd_instances",
+            "permission denied: needs SELECT, INSERT, UPDATE and DELETE on table relayd_instances",
+        ),
+        (
+            "claim",
+            "permission denied for table outbox_v2",  # the outbox, whatever its name
+            "permission denied: needs SELECT and UPDATE on table outbox_v2",
+        ),
+        (
+            "audit_insert",
+            "permission denied for sequence relayd_audit_id_seq",
+            "permission denied: needs USAGE on sequence relayd_audit_id_seq",
+        ),
+        (
+            "dlq_list",
+            "permission denied for function relayd_effective_queue",
+            "permission denied: needs EXECUTE on function relayd_effective_queue",
+        ),
+        (
+            "check_ledger_exists",
+            "permission denied for schema relayd",
+            "permission denied: needs USAGE on schema relayd",
+        ),
+        (
+            "migrations",
+            "permission denied for database orders",
+            "permission denied: needs CREATE on database orders",
+        ),
+        (
+            "migrations",
+            "must be owner of table outbox",
+            "permission denied: only the owner of table outbox may run it",
+        ),
+        (
+            "dlq_batch",  # a name covering several statements: what any of them needs there
+            "permission denied for table relayd_audit",
+            "permission denied: needs SELECT, INSERT and UPDATE on table relayd_audit",
+        ),
+        (
+            "claim",
+            "permiso denegado a la tabla outbox",  # another lc_messages: shown as it is
+            "permiso denegado a la tabla outbox (SQLSTATE 42501)",
+        ),
+    ],
+)
+def test_a_permission_error_names_the_privilege_and_the_object(
+    statement: str, message: str, line: str
+) -> None:
+    """PostgreSQL's refusal, with the privileges the statement needs on the object named."""
+    assert explain_denial(statement, message) == line
