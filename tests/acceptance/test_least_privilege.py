@@ -61,9 +61,11 @@ async def roles(cli_env: dict[str, str], empty_database: Database) -> AsyncItera
     names = {role: f"lp_{role.value}_{suffix}" for role in Role}
     setup = Roles(empty_database, names)
     admin = await asyncpg.connect(empty_database.dsn)
+    created: list[str] = []
     try:
         for name in names.values():
             await admin.execute(f'CREATE ROLE "{name}" LOGIN')
+            created.append(name)
         await admin.execute(await _script(cli_env, Role.MIGRATOR, names[Role.MIGRATOR]))
         env = cli_env | {"RELAYD_DATABASE__DSN": setup.dsn(Role.MIGRATOR)}
         code, out, err = await run_relayd("migrate", env=env)
@@ -76,10 +78,9 @@ async def roles(cli_env: dict[str, str], empty_database: Database) -> AsyncItera
             await owner.close()
         yield setup
     finally:
-        quoted = ", ".join(f'"{name}"' for name in names.values())
-        await admin.execute(f"DROP OWNED BY {quoted}")
-        for name in names.values():
-            await admin.execute(f'DROP ROLE IF EXISTS "{name}"')
+        for name in created:
+            await admin.execute(f'DROP OWNED BY "{name}"')
+            await admin.execute(f'DROP ROLE "{name}"')
         await admin.close()
 
 
