@@ -1,6 +1,8 @@
 """`relayd check`: can this relay run here? One line per check, in the order a relay needs
 them: configuration, database, schema, privileges, LISTEN, sink, clock. A check whose
-prerequisite failed is reported as skipped, never as passed.
+prerequisite failed is reported as skipped, never as passed; the privileges line is
+reported even when the schema check failed, if it found a privilege missing (often why).
+The privileges are the relay role's, or the operator's (`--role operator`).
 
 Exit code (through the CLI): 0 when every check passed or only warned, 1 when one failed.
 """
@@ -16,6 +18,7 @@ from dataclasses import asdict, dataclass
 from relayd.config import Settings
 from relayd.errors import ConfigError, DatabaseUnavailable, SchemaError, StatementError
 from relayd.migrate import require_current
+from relayd.privileges import COMMANDS, Role, hint, role_privileges
 from relayd.sinks import SinkHealth
 from relayd.sinks.ojs import OjsSink
 from relayd.store import Store
@@ -50,8 +53,11 @@ def failed(lines: list[CheckLine]) -> bool:
     return any(line.verdict is Verdict.FAIL for line in lines)
 
 
-async def run_checks(settings: Settings, config_source: str) -> list[CheckLine]:
-    """Every check, in order; stops asking the database once it is out of reach."""
+async def run_checks(
+    settings: Settings, config_source: str, role: Role = Role.RELAY
+) -> list[CheckLine]:
+    """Every check, in order; stops asking the database once it is out of reach. The
+    privileges checked are those of `role` (relayd/privileges.py)."""
     lines = [CheckLine("config", Verdict.OK, config_source)]
     try:
         _ = settings.dsn  # a missing DSN is this check's finding, not a usage error
@@ -68,14 +74,14 @@ async def run_checks(settings: Settings, config_source: str) -> list[CheckLine]:
         lines += _skipped("schema", "privileges", "listen")
         return [*lines, await _sink_line(settings), *_skipped("clock")]
     try:
-        lines += await _database_lines(store, settings)
+        lines += await _database_lines(store, settings, role)
     finally:
         await store.close()
     lines.insert(-1, await _sink_line(settings))  # before the clock line
     return lines
 
 
-async def _database_lines(store: Store, settings: Settings) -> list[CheckLine]:
+async def _database_lines(store: Store, settings: Settings, role: Role) -> list[CheckLine]:
     sent_s = time.time()
     identity = await store.check_identity()
     received_s = time.time()
@@ -91,10 +97,11 @@ async def _database_lines(store: Store, settings: Settings) -> list[CheckLine]:
         lines[0] = CheckLine(
             "database", Verdict.FAIL, "the server is a standby (read-only): point at the primary"
         )
+    privileges, lacking = await _privileges(store, settings, role)
     schema = await _attempt("schema", lambda: _schema(store))
     lines.append(schema)
-    if schema.verdict is Verdict.OK:
-        lines.append(await _attempt("privileges", lambda: _privileges(store, settings)))
+    if schema.verdict is Verdict.OK or lacking:
+        lines.append(privileges)
     else:
         lines += _skipped("privileges")
     if settings.relay.listen:
@@ -118,20 +125,10 @@ async def _database_lines(store: Store, settings: Settings) -> list[CheckLine]:
 async def _attempt(name: str, check: Callable[[], Awaitable[str]]) -> CheckLine:
     try:
         return CheckLine(name, Verdict.OK, await check())
-    except _Degraded as exc:
-        return CheckLine(name, Verdict.WARN, str(exc))
-    except (SchemaError, _Missing) as exc:
+    except SchemaError as exc:
         return CheckLine(name, Verdict.FAIL, str(exc))
     except (DatabaseUnavailable, StatementError) as exc:
         return CheckLine(name, Verdict.FAIL, f"{exc}")
-
-
-class _Missing(Exception):
-    """A check found something missing; the message says what."""
-
-
-class _Degraded(Exception):
-    """A check found relayd will run, but slower than it could; the message says why."""
 
 
 async def _schema(store: Store) -> str:
@@ -140,34 +137,34 @@ async def _schema(store: Store) -> str:
     return f"{store.table} is migrated (version {max(versions):04d})"
 
 
-def _privileges_wanted(store: Store, settings: Settings) -> list[tuple[str, str]]:
-    table, schema = str(store.table), store.table.quoted_schema
-    wanted = [(table, "SELECT"), (table, "UPDATE")]
-    if settings.cleanup.enabled:
-        wanted.append((table, "DELETE"))
-    wanted += [
-        (f"{schema}.relayd_pauses", "SELECT"),
-        (f"{schema}.relayd_pauses", "INSERT"),
-        (f"{schema}.relayd_audit", "INSERT"),
-        (f"{schema}.relayd_instances", "INSERT"),
-        (f"{schema}.relayd_instances", "UPDATE"),
-        (f"{schema}.relayd_instances", "DELETE"),
-    ]
-    return wanted
-
-
-async def _privileges(store: Store, settings: Settings) -> str:
-    held = await store.check_privileges(_privileges_wanted(store, settings))
-    missing = [f"{privilege} on {relation}" for relation, privilege, ok in held if not ok]
+async def _privileges(store: Store, settings: Settings, role: Role) -> tuple[CheckLine, bool]:
+    """The privileges line for `role`, and whether it found a privilege missing: that is
+    reported even when the schema check failed, since a missing grant is often why."""
+    table = store.table
+    wanted = role_privileges(role, cleanup=settings.cleanup.enabled)
+    try:
+        held = await store.check_privileges(wanted)
+        sees_writers = await store.check_sees_writers()
+    except (DatabaseUnavailable, StatementError) as exc:
+        return CheckLine("privileges", Verdict.FAIL, str(exc)), False
+    answers = list(zip(wanted, held, strict=True))
+    missing = [p.display(table) for p, ok in answers if ok is False]
     if missing:
-        raise _Missing(f"missing {', '.join(missing)} (see docs/operations.md, privileges)")
-    if not await store.check_sees_writers():
-        raise _Degraded(
-            f"{len(held)} privileges relayd run needs are held, but not pg_read_all_stats: "
-            "without it relayd cannot see when other roles' transactions started, so every "
-            "claim reads the whole claim index (see docs/performance.md)"
+        detail = f"the {role} role lacks {', '.join(missing)}: {hint(role)}"
+        return CheckLine("privileges", Verdict.FAIL, detail), True
+    absent = sorted({p.obj.display(table) for p, ok in answers if ok is None})
+    if absent:
+        detail = f"{', '.join(absent)} missing: run `relayd migrate`"
+        return CheckLine("privileges", Verdict.FAIL, detail), False
+    detail = f"the {len(wanted)} privileges of the {role} role ({COMMANDS[role]}) are held"
+    if role is Role.RELAY and not sees_writers:
+        detail = (
+            f"{detail}, but not pg_read_all_stats: without it relayd cannot see when other "
+            "roles' transactions started, so every claim reads the whole claim index (see "
+            "docs/performance.md)"
         )
-    return f"{len(held)} privileges relayd run needs are held"
+        return CheckLine("privileges", Verdict.WARN, detail), False
+    return CheckLine("privileges", Verdict.OK, detail), False
 
 
 async def _listen(store: Store) -> str:

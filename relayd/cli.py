@@ -1,7 +1,9 @@
 """The `relayd` command line: subcommands, their output, and exit codes.
 
-Exit codes: 0 success, 1 failure (database unreachable, schema missing, a run that crashed),
-2 usage or configuration error (one line on stderr naming the key).
+Exit codes: 0 success, 1 failure (database unreachable, schema missing, a privilege missing,
+a run that crashed), 2 usage or configuration error (one line on stderr naming the key),
+141 the reader of stdout went away (`relayd dlq list | head`: nothing on stderr, as when a
+Unix tool dies of SIGPIPE).
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import select
+import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -23,13 +28,33 @@ from relayd.errors import (
     DatabaseUnavailable,
     ListenError,
     MigrationError,
+    PrivilegeError,
     SchemaError,
+    StatementError,
 )
+from relayd.privileges import Role, hint
 
 Handler = Callable[[argparse.Namespace], int]
 
+# What a shell reports for a process killed by SIGPIPE.
+EXIT_READER_GONE = 128 + signal.SIGPIPE
+
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _dispatch(argv)
+        finally:
+            # What is still buffered is written now, so that a reader gone shows here rather
+            # than as a complaint of the interpreter's last flush.
+            sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise
+        return _reader_gone()
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
@@ -44,8 +69,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DatabaseUnavailable as exc:
         _fail(f"database unavailable: {exc}")
         return EXIT_FAILURE
+    except StatementError as exc:
+        if isinstance(exc, PrivilegeError):
+            _fail(f"{exc}; {hint(_ROLES.get(args.command, Role.OPERATOR))}")
+        else:
+            _fail(f"the database refused the statement {exc}")
+        return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
+
+
+# The role whose grants a command needs (the others are the operator's).
+_ROLES = {"run": Role.RELAY, "migrate": Role.MIGRATOR}
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on it):
+    a BrokenPipeError from anything else (a socket) is not the reader going away."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _fd, events in poller.poll(0))
+    except (OSError, ValueError):  # no stdout, or not a file descriptor
+        return False
+
+
+def _reader_gone() -> int:
+    """Exit quietly when the reader of our output went away, as Unix tools do. Whatever is
+    still buffered cannot be written: stdout becomes /dev/null, so that the interpreter's
+    flush at exit does not complain either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+    return EXIT_READER_GONE
 
 
 _CONFIG_HELP = "TOML file (default: $RELAYD_CONFIG, else /etc/relayd/config.toml)"
@@ -73,7 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="can relayd run here? configuration, database, schema, privileges, sink, clock",
     )
     check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.add_argument(
+        "--role",
+        choices=(Role.RELAY.value, Role.OPERATOR.value),
+        default=Role.RELAY.value,
+        help="whose privileges to check: relayd run's (relay, the default) or the operator "
+        "commands' (operator)",
+    )
     check.set_defaults(handler=_check)
+    _add_grants_command(commands, common)
 
     doctor = commands.add_parser(
         "doctor",
@@ -161,6 +227,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_grants_command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
+    grants = commands.add_parser(
+        "grants",
+        parents=[common],
+        help="print the GRANT script a role needs on the configured outbox",
+    )
+    grants.add_argument(
+        "--role",
+        required=True,
+        choices=[role.value for role in Role],
+        help="relay (relayd run), operator (status, dlq, pause, resume, doctor) or migrator "
+        "(relayd migrate)",
+    )
+    grants.add_argument(
+        "--to",
+        metavar="ROLE",
+        help="the database role to grant to (default: relayd, relayd_operator, relayd_migrator)",
+    )
+    grants.add_argument("--json", action="store_true", help="machine-readable output")
+    grants.set_defaults(handler=_grants)
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(args.config)
 
@@ -206,12 +297,33 @@ def _check(args: argparse.Namespace) -> int:
     from relayd.check import failed, run_checks  # noqa: PLC0415
 
     settings = _settings(args)
-    lines = asyncio.run(run_checks(settings, describe_config_source(args.config)))
+    lines = asyncio.run(run_checks(settings, describe_config_source(args.config), Role(args.role)))
     if args.json:
         print(json.dumps([line.as_json() for line in lines], indent=2))
     else:
         print("\n".join(line.render() for line in lines))
     return EXIT_FAILURE if failed(lines) else EXIT_OK
+
+
+def _grants(args: argparse.Namespace) -> int:
+    from relayd.privileges import DEFAULT_GRANTEE, grant_script  # noqa: PLC0415
+
+    settings = _settings(args)
+    role = Role(args.role)
+    try:
+        script = grant_script(
+            role,
+            settings.outbox.outbox_table,
+            DEFAULT_GRANTEE[role] if args.to is None else args.to,
+            cleanup=settings.cleanup.enabled,
+        )
+    except ValueError as exc:
+        raise ConfigError("--to", str(exc)) from None
+    if args.json:
+        print(json.dumps(script.as_json(), indent=2))
+    else:
+        print(script.text(), end="")
+    return EXIT_OK
 
 
 def _doctor(args: argparse.Namespace) -> int:

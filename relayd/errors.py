@@ -7,7 +7,9 @@
     ├── DatabaseUnavailable    PostgreSQL could not be reached or dropped the connection;
     │                          callers back off and retry, they never crash on it
     ├── StatementError         PostgreSQL refused a statement for a reason retrying will not
-    │                          cure (a schema changed under relayd, a bug): names the statement
+    │   │                      cure (a schema changed under relayd, a bug): names the statement
+    │   └── PrivilegeError     ... because relayd's role lacks a privilege (SQLSTATE 42501):
+    │                          also names the privileges and the object (relayd/privileges.py)
     ├── ListenError            an address relayd must serve on is taken or refused: exit 1
     └── WorkerCrashed          a relay worker's cycle failed unexpectedly: the daemon logs the
                                step, statement and rows, drains the others and exits 1
@@ -58,6 +60,11 @@ class StatementError(RelaydError):
     def __init__(self, statement: str, description: str) -> None:
         super().__init__(f"{statement}: {description}")
         self.statement = statement
+
+
+class PrivilegeError(StatementError):
+    """PostgreSQL refused one of relayd's statements because the role lacks a privilege;
+    the description names what the statement needs, on which object."""
 
 
 class ListenError(RelaydError):

@@ -12,8 +12,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 from relayd.config import Settings
-from relayd.errors import EXIT_FAILURE, EXIT_USAGE, StatementError
+from relayd.errors import EXIT_FAILURE, EXIT_USAGE, PrivilegeError, StatementError
 from relayd.models import CONTROL_CHARS
+from relayd.privileges import Role, hint
 
 if TYPE_CHECKING:
     import argparse
@@ -32,8 +33,9 @@ class BadInput(ValueError):
 
 def operator_command(name: str) -> Callable[[Handler], Handler]:
     """Turn a command's expected failures into one stderr line and its exit code: bad input
-    2, a statement PostgreSQL refused (a missing grant, say) 1. Configuration,
-    schema and connection failures are `relayd.cli.main`'s (2, 1 and 1)."""
+    2, a statement PostgreSQL refused 1 (a missing grant: naming the privilege and the
+    object). Configuration, schema and connection failures are `relayd.cli.main`'s (2, 1
+    and 1)."""
 
     def decorate(handler: Handler) -> Handler:
         @functools.wraps(handler)
@@ -43,6 +45,9 @@ def operator_command(name: str) -> Callable[[Handler], Handler]:
             except BadInput as exc:
                 fail(f"{name}: {exc}")
                 return EXIT_USAGE
+            except PrivilegeError as exc:
+                fail(f"{name}: {exc}; {hint(Role.OPERATOR)}")
+                return EXIT_FAILURE
             except StatementError as exc:
                 fail(f"{name}: the database refused the statement {exc}")
                 return EXIT_FAILURE

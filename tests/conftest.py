@@ -19,6 +19,7 @@ import asyncpg
 import pytest
 
 from relayd.migrate import migrate
+from relayd.privileges import Role, grant_script
 from relayd.store import Store
 from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from relayd.testing.postgres import EmbeddedPostgres
@@ -124,21 +125,15 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 async def relay_role(database: Database) -> AsyncIterator[str]:
-    """A login role with exactly the privileges `relayd run` needs on the test outbox (and
-    not pg_read_all_stats); roles are cluster-wide, so it is dropped afterwards."""
+    """A login role with exactly the grants `relayd grants --role relay` prints for the test
+    outbox (cleanup on; not pg_read_all_stats, which it only recommends); roles are
+    cluster-wide, so it is dropped afterwards."""
     role = f"relayd_run_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(database.dsn)
     try:
         await admin.execute(f"CREATE ROLE {role} LOGIN")
-        for grant in (
-            "USAGE ON SCHEMA relayd",
-            "SELECT, UPDATE, DELETE ON relayd.outbox",
-            "SELECT, INSERT ON relayd.relayd_pauses",
-            "INSERT ON relayd.relayd_audit",
-            "SELECT, INSERT, UPDATE, DELETE ON relayd.relayd_instances",
-            "SELECT ON relayd.relayd_migrations",
-        ):
-            await admin.execute(f"GRANT {grant} TO {role}")
+        for grant in grant_script(Role.RELAY, database.table, role, cleanup=True).statements:
+            await admin.execute(grant)
         yield role
         await admin.execute(f"DROP OWNED BY {role}")
         await admin.execute(f"DROP ROLE {role}")

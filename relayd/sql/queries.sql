@@ -205,11 +205,15 @@ WHERE event_id IN (
 );
 
 -- name: outbox_columns
--- The relay columns present on the outbox table, to tell "not migrated" from ready.
+-- The relay columns present on the outbox table, to tell "not migrated" from ready. Read from
+-- the catalogs, which every role may read: information_schema lists only the columns the
+-- role holds a privilege on, and a missing grant would look like a missing table.
 -- params: $1 schema text, $2 table text
-SELECT column_name::text
-FROM information_schema.columns
-WHERE table_schema = $1 AND table_name = $2;
+SELECT a.attname::text AS column_name
+FROM pg_attribute AS a
+JOIN pg_class AS c ON c.oid = a.attrelid
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped;
 
 -- name: migrations_lock
 -- Serialise concurrent `relayd migrate` runs on one outbox until the transaction ends.
@@ -479,13 +483,14 @@ WHERE outbox_table = $1 AND instance_id = $2;
 
 -- name: operator_schema
 -- Whether the outbox has what the operator commands need (migration 0003): the discard
--- columns, the pauses and the audit trail.
+-- columns, the pauses and the audit trail. The column is looked for in the catalogs (see
+-- outbox_columns: information_schema hides what the role holds no privilege on).
 -- params: $1 schema text, $2 table text
 SELECT to_regclass(format('%I.relayd_pauses', $1::text)) IS NOT NULL
        AND to_regclass(format('%I.relayd_audit', $1::text)) IS NOT NULL
-       AND EXISTS (SELECT 1 FROM information_schema.columns
-                   WHERE table_schema = $1::text AND table_name = $2::text
-                     AND column_name = 'discarded_at');
+       AND EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = to_regclass(format('%I.%I', $1::text, $2::text))
+                     AND attname = 'discarded_at' AND NOT attisdropped);
 
 -- name: operator_now
 -- The database's clock: relative times (`--since 2h`) and the end of a bulk walk are counted
@@ -830,10 +835,38 @@ SELECT current_user::text AS username,
 SELECT to_regclass($1) IS NOT NULL;
 
 -- name: check_privileges
--- For each (relation, privilege) pair, whether the current user holds it.
--- params: $1 relations text[], $2 privileges text[]
-SELECT r.relation, r.privilege, has_table_privilege(r.relation, r.privilege) AS held
-FROM unnest($1::text[], $2::text[]) AS r(relation, privilege);
+-- For each wanted (kind, schema, name, privilege), in order, whether the current user holds
+-- it (itself, through a role it is a member of, or through PUBLIC); NULL when there is no
+-- such object. Objects are found in the catalogs by name and checked by oid: a name cast
+-- from text fails, instead of answering, without USAGE on its schema.
+-- params: $1 kinds text[] (database, schema, table, sequence, function), $2 schemas text[],
+--         $3 names text[], $4 privileges text[]
+SELECT CASE w.kind
+           WHEN 'database' THEN has_database_privilege(current_database(), w.privilege)
+           WHEN 'schema' THEN (
+               SELECT has_schema_privilege(n.oid, w.privilege)
+               FROM pg_namespace AS n
+               WHERE n.nspname = w.schema_name)
+           WHEN 'table' THEN (
+               SELECT has_table_privilege(c.oid, w.privilege)
+               FROM pg_class AS c
+               JOIN pg_namespace AS n ON n.oid = c.relnamespace
+               WHERE n.nspname = w.schema_name AND c.relname = w.name
+                 AND c.relkind IN ('r', 'p'))
+           WHEN 'sequence' THEN (
+               SELECT has_sequence_privilege(c.oid, w.privilege)
+               FROM pg_class AS c
+               JOIN pg_namespace AS n ON n.oid = c.relnamespace
+               WHERE n.nspname = w.schema_name AND c.relname = w.name AND c.relkind = 'S')
+           WHEN 'function' THEN (
+               SELECT bool_and(has_function_privilege(p.oid, w.privilege))
+               FROM pg_proc AS p
+               JOIN pg_namespace AS n ON n.oid = p.pronamespace
+               WHERE n.nspname = w.schema_name AND p.proname = w.name)
+       END AS held
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) WITH ORDINALITY
+     AS w(kind, schema_name, name, privilege, position)
+ORDER BY w.position;
 
 -- name: check_sees_writers
 -- Whether this role sees when other roles' transactions started (superuser, or a member of

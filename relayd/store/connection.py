@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, Self
 import asyncpg
 
 from relayd import mutants
-from relayd.errors import ConfigError, DatabaseUnavailable, StatementError
+from relayd.errors import ConfigError, DatabaseUnavailable, PrivilegeError, StatementError
 from relayd.models import OutboxTable
+from relayd.privileges import explain_denial
 
 if TYPE_CHECKING:
     from relayd.config import Settings
@@ -95,12 +96,15 @@ def render(sql: str, table: OutboxTable) -> str:
 @contextlib.contextmanager
 def _translated(statement: str = "connect") -> Iterator[None]:
     """asyncpg's exceptions become relayd's: `DatabaseUnavailable` when the connection is
-    gone (callers retry), `StatementError` naming `statement` when PostgreSQL refused it."""
+    gone (callers retry), `StatementError` naming `statement` when PostgreSQL refused it
+    (`PrivilegeError`, naming the privilege, when the role lacks one)."""
     try:
         yield
     except Exception as exc:
         if connection_gone(exc):
             raise DatabaseUnavailable(describe_db_error(exc)) from exc
+        if isinstance(exc, asyncpg.InsufficientPrivilegeError):
+            raise PrivilegeError(statement, explain_denial(statement, exc.message)) from exc
         if isinstance(exc, asyncpg.PostgresError):
             raise StatementError(statement, describe_db_error(exc)) from exc
         raise

@@ -8,6 +8,7 @@ from typing import Any
 
 import asyncpg
 
+from relayd.privileges import Privilege
 from relayd.store.connection import StoreBase, _translated
 
 
@@ -31,14 +32,17 @@ class HealthQueries(StoreBase):
             return []
         return [r["version"] for r in await self._fetch("migrations_applied", str(self.table))]
 
-    async def check_privileges(
-        self, wanted: Sequence[tuple[str, str]]
-    ) -> list[tuple[str, str, bool]]:
-        """Whether the current user holds each (relation, privilege)."""
+    async def check_privileges(self, wanted: Sequence[Privilege]) -> list[bool | None]:
+        """Whether the current user holds each privilege, in order; None where the object
+        does not exist."""
         records = await self._fetch(
-            "check_privileges", [r for r, _ in wanted], [p for _, p in wanted]
+            "check_privileges",
+            [p.obj.kind.value for p in wanted],
+            [self.table.schema_name] * len(wanted),
+            [p.obj.name_in(self.table) for p in wanted],
+            [p.privilege for p in wanted],
         )
-        return [(r["relation"], r["privilege"], r["held"]) for r in records]
+        return [r["held"] for r in records]
 
     async def check_sees_writers(self) -> bool:
         [record] = await self._fetch("check_sees_writers")

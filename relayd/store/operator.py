@@ -196,14 +196,15 @@ class OperatorQueries(SchemaQueries):
                 inserted: bool = await conn.fetchval(
                     self._q["pause_upsert"], str(self.table), queue, job_type, reason, actor
                 )
-                await conn.execute(
-                    self._q["audit_note"],
-                    str(self.table),
-                    actor,
-                    PauseAction.PAUSE.value,
-                    json.dumps({"queue": queue, "type": job_type}),
-                    reason,
-                )
+                with _translated("audit_note"):
+                    await conn.execute(
+                        self._q["audit_note"],
+                        str(self.table),
+                        actor,
+                        PauseAction.PAUSE.value,
+                        json.dumps({"queue": queue, "type": job_type}),
+                        reason,
+                    )
         return inserted
 
     async def resume(
@@ -219,14 +220,15 @@ class OperatorQueries(SchemaQueries):
                 )
                 if record is None:
                     return None
-                await conn.execute(
-                    self._q["audit_note"],
-                    str(self.table),
-                    actor,
-                    PauseAction.RESUME.value,
-                    json.dumps({"queue": queue, "type": job_type}),
-                    reason,
-                )
+                with _translated("audit_note"):
+                    await conn.execute(
+                        self._q["audit_note"],
+                        str(self.table),
+                        actor,
+                        PauseAction.RESUME.value,
+                        json.dumps({"queue": queue, "type": job_type}),
+                        reason,
+                    )
                 await conn.fetchval(self._q["outbox_notify"], self.table.channel)
         return self._pause(record)
 

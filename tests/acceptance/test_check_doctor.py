@@ -135,8 +135,8 @@ async def test_check_names_a_missing_privilege(
     assert code == 1
     verdict, detail = _verdicts(out)["privileges"]
     assert verdict == "fail"
-    assert "UPDATE on relayd.outbox" in detail
-    assert "SELECT on relayd.outbox" not in detail
+    assert "UPDATE on table relayd.outbox" in detail
+    assert "SELECT on table relayd.outbox" not in detail
 
 
 async def test_check_names_an_unreachable_sink(cli_env: dict[str, str], database: Database) -> None:
