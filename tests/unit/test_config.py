@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from relayd.cli import main
-from relayd.config import DatabaseSettings, Settings, load_settings, redact_dsn
+from relayd.config import DatabaseSettings, Settings, load_settings
+from relayd.dsn import redact_dsn
 from relayd.errors import ConfigError
 from relayd.models import OutboxTable
 from relayd.store import _server_settings
