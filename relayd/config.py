@@ -7,6 +7,7 @@ the sink token) never appear in a repr, a log or an error; `redacted()` is what
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 from collections.abc import Mapping
@@ -39,7 +40,11 @@ from relayd.models import OutboxTable
 from relayd.token_file import SecretFileError, read_secret_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/relayd/config.toml")
-CONFIG_ENV_VAR = "RELAYD_CONFIG"
+ENV_PREFIX = "RELAYD_"
+CONFIG_ENV_VAR = f"{ENV_PREFIX}CONFIG"
+# Reserved for relayd's own test suite (its database, its fault injection): relayd refuses
+# every other RELAYD_* variable that names no setting.
+TEST_ENV_PREFIX = f"{ENV_PREFIX}TEST_"
 # systemd credentials (LoadCredential=, LoadCredentialEncrypted=): a secret whose settings are
 # all unset is read from $CREDENTIALS_DIRECTORY/<name> when the unit passed that credential.
 # systemd sets the variable to the unit's own directory, so a renamed or templated unit works.
@@ -262,7 +267,7 @@ class Settings(BaseSettings):
     """The whole configuration of one relayd process."""
 
     model_config = SettingsConfigDict(
-        env_prefix="RELAYD_",
+        env_prefix=ENV_PREFIX,
         env_nested_delimiter="__",
         case_sensitive=False,
         extra="forbid",
@@ -403,25 +408,29 @@ def load_settings(path: str | Path | None = None) -> Settings:
 
 
 def _check_environment(environ: Mapping[str, str]) -> None:
-    """Refuse `RELAYD_<SECTION>__<KEY>` variables naming no section.
+    """Refuse every `RELAYD_*` variable that is neither a setting nor `RELAYD_CONFIG`.
 
-    pydantic-settings ignores them, while it refuses unknown keys of a known section: a typo
-    in the section would otherwise silently leave the setting at its default. Variables
-    without `__` (RELAYD_CONFIG, the test harness's RELAYD_TEST_DSN) are not settings.
+    pydantic-settings ignores a variable that names no setting, so a typo (one underscore in
+    `RELAYD_RELAY_WORKERS`) would leave the setting at its default without a word. Names are
+    matched case-insensitively, as pydantic-settings reads them. `RELAYD_TEST_*` is reserved
+    for relayd's own test suite (docs/operations.md) and left alone.
     """
-    prefix = Settings.model_config.get("env_prefix", "").lower()
-    delimiter = Settings.model_config.get("env_nested_delimiter") or "__"
+    known = [CONFIG_ENV_VAR] + [
+        f"{ENV_PREFIX}{section}__{key}".upper()
+        for section, field_info in Settings.model_fields.items()
+        for key in getattr(field_info.annotation, "model_fields", {})
+    ]
     for name in environ:
-        # Matched case-insensitively, as pydantic-settings reads them (case_sensitive=False).
-        lowered = name.lower()
-        if not lowered.startswith(prefix) or delimiter not in lowered:
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper.startswith(TEST_ENV_PREFIX) or upper in known:
             continue
-        section = lowered.removeprefix(prefix).partition(delimiter)[0]
-        if section not in Settings.model_fields:
-            raise ConfigError(
-                name,
-                f"unknown setting section {section!r} (known: {', '.join(Settings.model_fields)})",
-            )
+        close = difflib.get_close_matches(upper, known, n=1, cutoff=0.8)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ConfigError(
+            name,
+            f"not a setting ({hint}relayd reads {CONFIG_ENV_VAR} and {ENV_PREFIX}<SECTION>__<KEY>, "
+            f"sections: {', '.join(Settings.model_fields)})",
+        )
 
 
 def _read_toml(path: Path, *, required: bool) -> dict[str, Any]:

@@ -77,7 +77,7 @@ def test_config_path_from_environment(tmp_path: Path, monkeypatch: pytest.Monkey
         ("[nope]\nx = 1\n", {}, "nope", "unknown key"),
         ("[relay]\nworkers = 0\n", {}, "relay.workers", "greater than or equal to 1"),
         ("", {"RELAYD_RELAY__WORKERS": "many"}, "relay.workers", "valid integer"),
-        ("", {"RELAYD_SINK__SURPRISE": "1"}, "sink.surprise", "unknown key"),
+        ("", {"RELAYD_SINK__SURPRISE": "1"}, "RELAYD_SINK__SURPRISE", "not a setting"),
         ("[relay]\nlease_s = 15\n", {}, "relay.lease_s", "greater than 2 x sink.timeout_s"),
         ('[sink]\nurl = "ftp://x"\n', {}, "sink.url", "http:// or https://"),
         ('[sink]\nurl = "http://u:p@x"\n', {}, "sink.url", "sink.token_file"),
@@ -102,10 +102,16 @@ def test_config_path_from_environment(tmp_path: Path, monkeypatch: pytest.Monkey
         ("[database]\nstatement_timeout_s = 1e7\n", {}, "database.statement_timeout_s", "2147483"),
         ("[database]\nstatement_timeout_s = inf\n", {}, "database.statement_timeout_s", "finite"),
         ("[database]\nstatement_timeout_s = 0.0004\n", {}, "database.statement_timeout_s", "0.001"),
-        # Variables for an unknown section are refused like unknown keys of a known one.
-        ("", {"RELAYD_BOGUS__X": "1"}, "RELAYD_BOGUS__X", "unknown setting section 'bogus'"),
-        ("", {"relayd_Bogus__x": "1"}, "relayd_Bogus__x", "known: database, outbox, sink"),
-        ("", {"RELAYD___X": "1"}, "RELAYD___X", "unknown setting section ''"),
+        # A RELAYD_* variable that is no setting is refused like an unknown key in the file:
+        # a typo would otherwise leave the setting at its default without a word.
+        ("", {"RELAYD_BOGUS__X": "1"}, "RELAYD_BOGUS__X", "not a setting"),
+        ("", {"relayd_Bogus__x": "1"}, "relayd_Bogus__x", "sections: database, outbox, sink"),
+        ("", {"RELAYD___X": "1"}, "RELAYD___X", "not a setting"),
+        ("", {"RELAYD_RELAY_WORKERS": "8"}, "RELAYD_RELAY_WORKERS", "mean RELAYD_RELAY__WORKERS?"),
+        ("", {"RELAYD_CONFG": "/etc/x.toml"}, "RELAYD_CONFG", "did you mean RELAYD_CONFIG?"),
+        ("", {"RELAYD_DATABASE": "{}"}, "RELAYD_DATABASE", "RELAYD_<SECTION>__<KEY>"),
+        ("", {"RELAYD_RELAY__WORKERS__X": "8"}, "RELAYD_RELAY__WORKERS__X", "not a setting"),
+        ("", {"RELAYD_OJS_CONFORMANCE": "/x"}, "RELAYD_OJS_CONFORMANCE", "not a setting"),
     ],
 )
 def test_bad_config_names_the_key(
@@ -140,11 +146,12 @@ def test_durations_accept_their_documented_bounds(tmp_path: Path) -> None:
     assert settings.cleanup.published_retention_s == 315_360_000
 
 
-def test_environment_without_a_section_separator_is_not_a_setting(
+def test_the_test_suites_variables_are_not_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """RELAYD_CONFIG-style variables (no `__`) share the prefix and are left alone."""
-    for name in ("RELAYD_TEST_DSN", "RELAYD_OJS_CONFORMANCE", "RELAYD_CI_SERVER_DSN"):
+    """RELAYD_CONFIG names the file and RELAYD_TEST_* (reserved for relayd's test suite) is
+    left alone: neither is refused as an unknown setting."""
+    for name in ("RELAYD_TEST_DSN", "RELAYD_TEST_OJS_CONFORMANCE", "relayd_test_anything"):
         monkeypatch.setenv(name, "postgresql://x:hunter2@h/db")
     monkeypatch.setenv("RELAYD_CONFIG", str(_write(tmp_path, "")))
     assert load_settings() == Settings()
