@@ -327,10 +327,11 @@ class Settings(BaseSettings):
         return self.sink.url
 
     def redacted(self) -> dict[str, Any]:
-        """Every setting as plain data, with the DSN password replaced by `***`."""
+        """Every setting as plain data: a secret read from a file appears as the file's path
+        alone, an inline DSN with its password replaced by `***`."""
         data = self.model_dump(mode="json")
-        dsn = self.database.resolved_dsn
-        data["database"]["dsn"] = None if dsn is None else redact_dsn(dsn.get_secret_value())
+        if self.database.dsn is not None:
+            data["database"]["dsn"] = redact_dsn(self.database.dsn.get_secret_value())
         return data
 
 
