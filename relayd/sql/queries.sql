@@ -705,6 +705,13 @@ FROM pg_stat_user_indexes
 WHERE schemaname = $1 AND relname = $2
 ORDER BY indexrelname;
 
+-- name: plan_as_relay
+-- For the rest of this transaction, plan as `relayd run`'s sessions do: they price
+-- sequential scans out (store/connection.py, _server_settings), so `relayd doctor` explains
+-- the claim plan a relay gets, not the one a default session would.
+-- params: none
+SELECT set_config('enable_seqscan', 'off', true);
+
 -- name: doctor_xmin_holders
 -- The sessions holding back the xmin horizon (so vacuum cannot remove dead rows), oldest
 -- first: a long report, a forgotten BEGIN. Never their query text: it may hold secrets.
