@@ -149,3 +149,12 @@ class Pause:
     reason: str
     paused_by: str
     paused_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class QueueUse:
+    """Whether any row of the outbox, in any state, routes to a queue, as far as it was read:
+    when none does, `rows_read` rows were read (every row, unless it reached the bound)."""
+
+    used: bool
+    rows_read: int

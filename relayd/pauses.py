@@ -25,12 +25,15 @@ from relayd.operator import (
     operator_store,
     resolve_actor,
 )
-from relayd.operator_models import EVERY_QUEUE, Pause
+from relayd.operator_models import EVERY_QUEUE, Pause, QueueUse
 
 if TYPE_CHECKING:
     import argparse
 
 _MAX_REASON_CHARS = 1000
+# How many rows `pause --queue` reads at most looking for one that routes to the queue: no
+# index holds the effective queue, and an outbox keeps its published rows for days.
+QUEUE_USE_ROWS = 1_000_000
 
 
 def queue_arg(value: str | None) -> str:
@@ -57,14 +60,26 @@ def pause_command(args: argparse.Namespace) -> int:
     actor = resolve_actor(args.actor)
     settings = load_settings(args.config)
 
-    async def pause() -> tuple[bool, list[Pause]]:
+    async def pause() -> tuple[bool, list[Pause], QueueUse | None]:
         async with operator_store(settings) as store:
             inserted = await store.pause(queue, reason, actor)
-            return inserted, await store.pauses()
+            # Looked at once the pause is written: a pause ahead of a deploy is legitimate,
+            # so an unused queue is only worth a warning (a typo would hold nothing).
+            use = None if queue == EVERY_QUEUE else await store.queue_use(queue, QUEUE_USE_ROWS)
+            return inserted, await store.pauses(), use
 
-    inserted, pauses = asyncio.run(pause())
+    inserted, pauses, use = asyncio.run(pause())
+    warning = _unused_queue_warning(queue, use, settings.outbox.table)
+    if warning is not None:
+        sys.stderr.write(f"relayd: warning: {warning}\n")
     if args.json:
-        data = {"queue": queue, "paused": True, "updated": not inserted, "pauses": pauses}
+        data = {
+            "queue": queue,
+            "paused": True,
+            "updated": not inserted,
+            "warning": warning,
+            "pauses": pauses,
+        }
         sys.stdout.write(_json(data) + "\n")
         return EXIT_OK
     what = _what(queue)
@@ -110,6 +125,16 @@ def resume_command(args: argparse.Namespace) -> int:
         )
     _render_pauses(pauses, sys.stdout)
     return EXIT_OK
+
+
+def _unused_queue_warning(queue: str, use: QueueUse | None, table: str) -> str | None:
+    if use is None or use.used:
+        return None
+    if use.rows_read < QUEUE_USE_ROWS:
+        where = f"no row of {table} routes to queue {queue} (all {use.rows_read:,} rows read)"
+    else:
+        where = f"none of the first {use.rows_read:,} rows of {table} routes to queue {queue}"
+    return f"{where}: paused all the same; if the name is wrong, `relayd resume --queue {queue}`"
 
 
 def _what(queue: str) -> str:

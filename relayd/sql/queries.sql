@@ -650,6 +650,19 @@ FROM @schema@.relayd_pauses
 WHERE outbox_table = $1
 ORDER BY queue;
 
+-- name: queue_use
+-- Whether a row of the outbox, in any state, routes to queue $1: `relayd pause --queue`
+-- warns when none does (a typo, or a queue no producer has used yet). No index holds the
+-- effective queue, so the read stops at the first such row or after $2 rows; `rows_read`,
+-- counted only when no row routes there, says how far the queue was looked for.
+-- params: $1 queue text, $2 most rows to read bigint
+SELECT used,
+       CASE WHEN used THEN NULL
+            ELSE (SELECT count(*) FROM (SELECT FROM @outbox@ LIMIT $2) AS counted)
+       END AS rows_read
+FROM (SELECT EXISTS (SELECT FROM (SELECT job FROM @outbox@ LIMIT $2) AS bounded
+                     WHERE @schema@.relayd_effective_queue(bounded.job) = $1) AS used) AS seen;
+
 -- name: outbox_notify
 -- Wake idle relays at once (on commit), on the channel the insert trigger uses.
 -- params: $1 channel text

@@ -234,3 +234,36 @@ def test_pause_and_resume_say_what_they_did(env: dict[str, str]) -> None:
     assert result.returncode == 0
     assert result.stdout.startswith("resumed queue orders of relayd.outbox (paused since ")
     assert result.stdout.endswith("by al: longer); idle relays woken\nnothing is paused now\n")
+
+
+async def test_pausing_a_queue_no_row_uses_warns_but_pauses(
+    conn: asyncpg.Connection, env: dict[str, str]
+) -> None:
+    """`pause --queue Q` for a queue no row routes to, in any state (a typo, or a queue not
+    used yet), still pauses it but warns in one stderr line, and in --json's `warning`; a
+    queue whose only rows are published is in use: no warning."""
+    orders = await produce(conn, 2, queue="orders")
+    await conn.execute(
+        "UPDATE relayd.outbox SET published_at = now() WHERE event_id = ANY($1::uuid[])", orders
+    )
+    result = run_relayd_blocking("pause", "--queue", "ordres", "--reason", "deploy", env=env)
+    assert result.returncode == 0
+    assert result.stderr == (
+        "relayd: warning: no row of relayd.outbox routes to queue ordres (all 2 rows read): "
+        "paused all the same; if the name is wrong, `relayd resume --queue ordres`\n"
+    )
+    assert result.stdout.startswith("paused queue ordres of relayd.outbox: ")
+    assert await conn.fetchval("SELECT count(*) FROM relayd.relayd_pauses") == 1
+
+    result = run_relayd_blocking(
+        "pause", "--queue", "ordres", "--reason", "deploy", "--json", env=env
+    )
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["warning"].startswith(
+        "no row of relayd.outbox routes to queue ordres"
+    )
+    result = run_relayd_blocking(
+        "pause", "--queue", "orders", "--reason", "deploy", "--json", env=env
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    assert json.loads(result.stdout)["warning"] is None
