@@ -17,6 +17,7 @@ The demo plays the application and the operator, so it talks to PostgreSQL direc
 from __future__ import annotations
 
 import asyncio
+import shlex
 import shutil
 import signal
 import sys
@@ -156,7 +157,7 @@ async def _keep_running(base: Path, dsn: str, sink_url: str) -> None:
             {"database": {"dsn": dsn}, "outbox": {"table": str(TABLE)}, "sink": {"url": sink_url}}
         )
     )
-    with_config = f"--config {config}"
+    with_config = f"--config {shlex.quote(str(config))}"
     print()
     print("kept running until Ctrl-C (or SIGTERM): the embedded PostgreSQL and the emulator")
     for label, line in [
