@@ -183,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="run the main job end to end on an embedded PostgreSQL and the emulator"
     )
     demo.add_argument("--rows", type=int, default=10_000, help="orders to commit (10,000)")
+    demo.add_argument(
+        "--keep",
+        action="store_true",
+        help="then keep PostgreSQL and the emulator running, print the configuration for "
+        "`relayd dlq list --config PATH` and the like, and wait for Ctrl-C",
+    )
     demo.set_defaults(handler=_demo)
 
     emulator = commands.add_parser(
@@ -510,7 +516,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     if args.rows < 1:
         raise ConfigError("--rows", "must be at least 1")
-    return run_demo(args.rows)
+    return run_demo(args.rows, keep=args.keep)
 
 
 def _emulator(args: argparse.Namespace) -> int:
@@ -561,13 +567,20 @@ def _healthcheck(args: argparse.Namespace) -> int:
 
 
 def _config_show(args: argparse.Namespace) -> int:
-    data = _settings(args).redacted()
+    settings = _settings(args)
+    data = settings.redacted()
     source = describe_config_source(args.config)
     if args.json:
         print(json.dumps(data, indent=2))
         print(f"relayd: {source}", file=sys.stderr)  # stdout stays pure JSON
-    else:
-        print(f"# {source}\n{to_toml(data)}", end="")
+        return EXIT_OK
+    # The output loads back as the same configuration, except a password given inline: read
+    # back as `***` it would be wrong, so that DSN is shown only as a comment.
+    withheld: dict[tuple[str, str], str] = {}
+    dsn = settings.database.dsn
+    if dsn is not None and data["database"]["dsn"] != dsn.get_secret_value():
+        withheld["database", "dsn"] = "its password is not printed: keep the DSN in dsn_file"
+    print(f"# {source}\n{to_toml(data, withheld)}", end="")
     return EXIT_OK
 
 
@@ -576,14 +589,20 @@ def _config_example(_args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def to_toml(data: dict[str, dict[str, Any]]) -> str:
-    """Render the (flat, two-level) settings as TOML; unset keys become comments."""
+def to_toml(
+    data: dict[str, dict[str, Any]], withheld: dict[tuple[str, str], str] | None = None
+) -> str:
+    """Render the (flat, two-level) settings as TOML that loads back as the same values;
+    unset keys, and the `withheld` ones (with the reason), become comments."""
     lines: list[str] = []
     for section, values in data.items():
         lines.append(f"[{section}]")
         for key, value in values.items():
+            reason = (withheld or {}).get((section, key))
             if value is None:
                 lines.append(f"# {key} = (unset)")
+            elif reason is not None:
+                lines.append(f"# {key} = {_toml_value(value)}  ({reason})")
             else:
                 lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
@@ -595,4 +614,6 @@ def _toml_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
-    return json.dumps(str(value))
+    # A TOML basic string: JSON's escapes are TOML's too, but TOML refuses the surrogate
+    # pairs JSON writes outside the BMP (so no ensure_ascii), and wants DEL escaped.
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")

@@ -7,16 +7,15 @@ the sink token) never appear in a repr, a log or an error; `redacted()` is what
 
 from __future__ import annotations
 
+import difflib
 import os
-import re
-import ssl
 import tomllib
 from collections.abc import Mapping
 from contextvars import ContextVar
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import parse_qs, parse_qsl, unquote, urlencode, urlparse, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -35,12 +34,17 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from relayd.dsn import check_dsn, redact_dsn
 from relayd.errors import ConfigError
 from relayd.models import OutboxTable
 from relayd.token_file import SecretFileError, read_secret_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/relayd/config.toml")
-CONFIG_ENV_VAR = "RELAYD_CONFIG"
+ENV_PREFIX = "RELAYD_"
+CONFIG_ENV_VAR = f"{ENV_PREFIX}CONFIG"
+# Reserved for relayd's own test suite (its database, its fault injection): relayd refuses
+# every other RELAYD_* variable that names no setting.
+TEST_ENV_PREFIX = f"{ENV_PREFIX}TEST_"
 # systemd credentials (LoadCredential=, LoadCredentialEncrypted=): a secret whose settings are
 # all unset is read from $CREDENTIALS_DIRECTORY/<name> when the unit passed that credential.
 # systemd sets the variable to the unit's own directory, so a renamed or templated unit works.
@@ -50,8 +54,6 @@ CREDENTIALS: dict[tuple[str, str], tuple[str, ...]] = {
     ("database", "dsn_file"): ("database-dsn", "dsn", "dsn_file"),
     ("sink", "token_file"): ("ojs-token", "token_file"),
 }
-
-_REDACTED = "***"
 
 # Upper bounds of durations. Every one ends up in an asyncio deadline, an int conversion or
 # PostgreSQL's make_interval(), which overflow or fail at run time on huge values; a day is
@@ -266,7 +268,7 @@ class Settings(BaseSettings):
     """The whole configuration of one relayd process."""
 
     model_config = SettingsConfigDict(
-        env_prefix="RELAYD_",
+        env_prefix=ENV_PREFIX,
         env_nested_delimiter="__",
         case_sensitive=False,
         extra="forbid",
@@ -326,10 +328,11 @@ class Settings(BaseSettings):
         return self.sink.url
 
     def redacted(self) -> dict[str, Any]:
-        """Every setting as plain data, with the DSN password replaced by `***`."""
+        """Every setting as plain data: a secret read from a file appears as the file's path
+        alone, an inline DSN with its password replaced by `***`."""
         data = self.model_dump(mode="json")
-        dsn = self.database.resolved_dsn
-        data["database"]["dsn"] = None if dsn is None else redact_dsn(dsn.get_secret_value())
+        if self.database.dsn is not None:
+            data["database"]["dsn"] = redact_dsn(self.database.dsn.get_secret_value())
         return data
 
 
@@ -358,126 +361,6 @@ class _KeyedError(ValueError):
     def __init__(self, key: str, reason: str) -> None:
         super().__init__(reason)
         self.key = key
-
-
-def redact_dsn(dsn: str) -> str:
-    """Replace the password in a URL or key=value DSN with `***`."""
-    if "://" in dsn:
-        parts = urlsplit(dsn)
-        netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, _, hostinfo = netloc.rpartition("@")
-            user, colon, _password = userinfo.partition(":")
-            netloc = f"{user}:{_REDACTED}@{hostinfo}" if colon else netloc
-        query = urlencode(
-            [
-                (key, _REDACTED if "password" in key.lower() else value)
-                for key, value in parse_qsl(parts.query, keep_blank_values=True)
-            ],
-            safe="/*",
-        )
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    return re.sub(
-        r"(\b\w*password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", rf"\1{_REDACTED}", dsn, flags=re.I
-    )
-
-
-# DSN parameters asyncpg validates itself, with the values it accepts. A DSN asyncpg refuses
-# is refused at load instead: asyncpg's ClientConfigurationError is an InterfaceError, which
-# a running relay cannot tell from a database that is down, so it would retry forever.
-_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
-_SSL_ENFORCED = ("require", "verify-ca", "verify-full")
-_DSN_CHOICES = {
-    "sslmode": _SSLMODES,
-    "target_session_attrs": (
-        "any",
-        "primary",
-        "standby",
-        "read-write",
-        "read-only",
-        "prefer-standby",
-    ),
-    "sslnegotiation": ("postgres", "direct"),
-    "gsslib": ("gssapi", "sspi"),
-}
-_TLS_VERSIONS = ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3")
-_IPV6_HOST = re.compile(r"\[[^\]]+\](?::(?P<port>.*))?")
-_PORT = re.compile(r"[0-9]{1,5}")
-
-
-def check_dsn(dsn: str) -> None:
-    """`ValueError` unless asyncpg can use `dsn` (a `postgresql://` URL).
-
-    Only what is certain without connecting is checked. The reason never quotes the DSN or
-    any part of it: a password may sit anywhere in it, even where it does not belong.
-    """
-    try:
-        parts = urlparse(dsn)
-    except ValueError:
-        # urllib's message may quote the host; ours names the rule.
-        raise ValueError("not a valid URL (an IPv6 host is written [address]:port)") from None
-    if parts.scheme not in ("postgresql", "postgres"):
-        hint = "" if "://" in dsn else " (key=value DSNs are not supported)"
-        raise ValueError(f"expected a postgresql:// or postgres:// URL{hint}")
-    # asyncpg splits the userinfo at the first @; a second one lands in the host.
-    _auth, _, hostspec = parts.netloc.partition("@")
-    if "@" in hostspec:
-        raise ValueError("'@' in the host: percent-encode it in the password as %40")
-    if hostspec:
-        _check_hosts(hostspec, unquoted=False)
-    if not parts.query:
-        return
-    try:
-        # The same parse as asyncpg's, last value wins.
-        query = {
-            key: values[-1] for key, values in parse_qs(parts.query, strict_parsing=True).items()
-        }
-    except ValueError:
-        raise ValueError("malformed query string (expected key=value pairs joined by &)") from None
-    if "host" in query:
-        _check_hosts(query["host"], unquoted=True)
-    if "port" in query:
-        for port in query["port"].split(","):
-            _check_port(port)
-    # asyncpg also accepts verify_full for verify-full.
-    sslmode = query.get("sslmode", "").replace("_", "-") or None
-    if sslmode is not None:
-        query["sslmode"] = sslmode
-    for key, choices in _DSN_CHOICES.items():
-        if key in query and query[key] not in choices:
-            raise ValueError(f"{key} must be one of {', '.join(choices)}")
-    for key in ("ssl_min_protocol_version", "ssl_max_protocol_version"):
-        if key in query and not _tls_version_ok(query[key]):
-            raise ValueError(f"{key} must be one of {', '.join(_TLS_VERSIONS)}")
-    if query.get("sslnegotiation") == "direct" and sslmode not in (None, *_SSL_ENFORCED):
-        raise ValueError(f"sslnegotiation=direct requires sslmode {', '.join(_SSL_ENFORCED)}")
-
-
-def _check_hosts(hostlist: str, *, unquoted: bool) -> None:
-    for host in hostlist.split(","):
-        if not host:
-            raise ValueError("empty host in the host list")
-        if host.startswith("/"):
-            continue  # a Unix socket directory
-        if host.startswith("["):
-            match = _IPV6_HOST.fullmatch(host)
-            if match is None:
-                raise ValueError("invalid IPv6 host: expected [address] or [address]:port")
-            port = match["port"] or ""
-        else:
-            port = host.partition(":")[2]
-        if port:
-            _check_port(port if unquoted else unquote(port))
-
-
-def _check_port(text: str) -> None:
-    if not _PORT.fullmatch(text) or not 1 <= int(text) <= 65535:
-        raise ValueError("port must be a number from 1 to 65535")
-
-
-def _tls_version_ok(value: str) -> bool:
-    # asyncpg looks the name up in ssl.TLSVersion (TLSv1.2 -> TLSv1_2) but refuses SSL*.
-    return not value.startswith("SSL") and value.replace(".", "_") in ssl.TLSVersion.__members__
 
 
 def resolve_config_path(
@@ -527,25 +410,29 @@ def load_settings(path: str | Path | None = None) -> Settings:
 
 
 def _check_environment(environ: Mapping[str, str]) -> None:
-    """Refuse `RELAYD_<SECTION>__<KEY>` variables naming no section.
+    """Refuse every `RELAYD_*` variable that is neither a setting nor `RELAYD_CONFIG`.
 
-    pydantic-settings ignores them, while it refuses unknown keys of a known section: a typo
-    in the section would otherwise silently leave the setting at its default. Variables
-    without `__` (RELAYD_CONFIG, the test harness's RELAYD_TEST_DSN) are not settings.
+    pydantic-settings ignores a variable that names no setting, so a typo (one underscore in
+    `RELAYD_RELAY_WORKERS`) would leave the setting at its default without a word. Names are
+    matched case-insensitively, as pydantic-settings reads them. `RELAYD_TEST_*` is reserved
+    for relayd's own test suite (docs/operations.md) and left alone.
     """
-    prefix = Settings.model_config.get("env_prefix", "").lower()
-    delimiter = Settings.model_config.get("env_nested_delimiter") or "__"
+    known = [CONFIG_ENV_VAR] + [
+        f"{ENV_PREFIX}{section}__{key}".upper()
+        for section, field_info in Settings.model_fields.items()
+        for key in getattr(field_info.annotation, "model_fields", {})
+    ]
     for name in environ:
-        # Matched case-insensitively, as pydantic-settings reads them (case_sensitive=False).
-        lowered = name.lower()
-        if not lowered.startswith(prefix) or delimiter not in lowered:
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper.startswith(TEST_ENV_PREFIX) or upper in known:
             continue
-        section = lowered.removeprefix(prefix).partition(delimiter)[0]
-        if section not in Settings.model_fields:
-            raise ConfigError(
-                name,
-                f"unknown setting section {section!r} (known: {', '.join(Settings.model_fields)})",
-            )
+        close = difflib.get_close_matches(upper, known, n=1, cutoff=0.8)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise ConfigError(
+            name,
+            f"not a setting ({hint}relayd reads {CONFIG_ENV_VAR} and {ENV_PREFIX}<SECTION>__<KEY>, "
+            f"sections: {', '.join(Settings.model_fields)})",
+        )
 
 
 def _read_toml(path: Path, *, required: bool) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from relayd.terminal import printable
 
 # Ids printed by name in a human summary; past that, counts only.
 _IDS_SHOWN = 20
-_ERROR_CHARS = 60  # last_error in the `dlq list` table
 _CELL_CHARS = 32  # queue and type in the `dlq list` table
 
 
@@ -41,7 +40,9 @@ def render_list(
         ]
         if include_discarded:
             cells.append(_short_time(row.discarded_at))
-        cells.append(_cell(row.last_error, _ERROR_CHARS))
+        # Whole, in the last column: the cause is often at the end of the text (at most
+        # 512 bytes), and cutting it would leave only the status (--json has it too).
+        cells.append(_clean(row.last_error) or "-")
         table.append(cells)
     widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
     for line in table:

@@ -7,7 +7,9 @@
    transaction that leaves neither), plus a few poison rows;
 4. a progress bar until the outbox is drained, then a summary, and a check of the
    emulator's ledger against the outbox: every published id on the sink exactly once, with
-   an identical envelope.
+   an identical envelope;
+5. with `--keep`, PostgreSQL and the emulator stay up, with a configuration file for the
+   operator commands (`relayd dlq list --config PATH`), until SIGINT or SIGTERM.
 
 The demo plays the application and the operator, so it talks to PostgreSQL directly.
 """
@@ -15,7 +17,9 @@ The demo plays the application and the operator, so it talks to PostgreSQL direc
 from __future__ import annotations
 
 import asyncio
+import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -27,6 +31,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
+from relayd.cli import to_toml
 from relayd.migrate import connect_and_migrate
 from relayd.models import Envelope, OutboxTable
 from relayd.producer import enqueue, enqueue_many, new_job, uuid7
@@ -61,11 +66,12 @@ class Summary:
     problems: list[str] = field(default_factory=list)
 
 
-def run_demo(rows: int) -> int:
-    """Run the demo; returns the process exit code."""
+def run_demo(rows: int, *, keep: bool = False) -> int:
+    """Run the demo; returns the process exit code. `keep`: then keep PostgreSQL and the
+    emulator running for the operator commands until SIGINT or SIGTERM."""
     base = Path(tempfile.mkdtemp(prefix="relayd-demo-"))
     try:
-        return asyncio.run(_demo(base, rows))
+        return asyncio.run(_demo(base, rows, keep=keep))
     except BaseException as exc:
         # Keep what can explain the failure (the children's logs); leave no empty directory.
         if any(base.glob("*.log")):
@@ -80,7 +86,7 @@ def run_demo(rows: int) -> int:
         raise
 
 
-async def _demo(base: Path, rows: int) -> int:
+async def _demo(base: Path, rows: int, *, keep: bool) -> int:
     print("relayd demo")
     async with AsyncExitStack() as stack:
         pg = EmbeddedPostgres(base / "pg").start()
@@ -132,12 +138,48 @@ async def _demo(base: Path, rows: int) -> int:
         await _stop_relay(relay, summary)
         await _tally(watch, summary)
         await _check_ledger(watch, sink_url, summary)
-    _print_summary(summary)
+        _print_summary(summary)
+        if keep:
+            await _keep_running(base, dsn, sink_url)
     if summary.problems:
         print(f"  logs kept in {base}")
         return 1
     shutil.rmtree(base, ignore_errors=True)
     return 0
+
+
+async def _keep_running(base: Path, dsn: str, sink_url: str) -> None:
+    """Write the configuration the operator commands need, say how to use it, and wait for
+    SIGINT or SIGTERM; the caller then stops PostgreSQL and the emulator."""
+    config = base / "demo.toml"
+    config.write_text(
+        to_toml(
+            {"database": {"dsn": dsn}, "outbox": {"table": str(TABLE)}, "sink": {"url": sink_url}}
+        )
+    )
+    with_config = f"--config {shlex.quote(str(config))}"
+    print()
+    print("kept running until Ctrl-C (or SIGTERM): the embedded PostgreSQL and the emulator")
+    for label, line in [
+        ("config", str(config)),
+        ("dead letters", f"relayd dlq list {with_config}"),
+        ("one of them", f"relayd dlq show EVENT_ID {with_config}"),
+        ("the outbox", f"relayd status {with_config}"),
+        ("redrive", f"relayd dlq retry --all --reason sink_unprocessable {with_config}"),
+        ("publish them", f"relayd run {with_config}"),
+    ]:
+        print(f"  {label:<14}{line}")
+    sys.stdout.flush()  # a pipe is block-buffered, and the reader waits for these lines
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    print("stopping PostgreSQL and the emulator", flush=True)
 
 
 async def _stop_relay(process: asyncio.subprocess.Process, summary: Summary) -> None:

@@ -42,7 +42,7 @@ class Diagnosis:
     table: dict[str, Any] = field(default_factory=dict)
     indexes: list[dict[str, Any]] = field(default_factory=list)
     horizon: list[dict[str, Any]] = field(default_factory=list)
-    claim_plan: str = ""
+    claim_plan: Any = None  # EXPLAIN (FORMAT JSON)'s document
     findings: list[Finding] = field(default_factory=list)
 
     @property
@@ -108,8 +108,9 @@ async def diagnose(store: Store, *, lease_s: float, batch_size: int) -> Diagnosi
     ] + [dict(r) for r in await store.doctor_horizon_others()]
     diagnosis.findings.append(_horizon_finding(diagnosis.horizon))
     plan = await store.explain_claim(batch_size, lease_s)
-    diagnosis.claim_plan = plan if isinstance(plan, str) else json.dumps(plan)
-    diagnosis.findings.append(_plan_finding(diagnosis.claim_plan, store))
+    diagnosis.claim_plan = json.loads(plan) if isinstance(plan, str) else plan
+    analysed = table["last_analyze"] is not None or table["last_autoanalyze"] is not None
+    diagnosis.findings.append(_plan_finding(diagnosis.claim_plan, store, analysed=analysed))
     return diagnosis
 
 
@@ -160,19 +161,28 @@ def plan_scans(plan: Any) -> set[tuple[str, str]]:
     return found
 
 
-def _plan_finding(plan: str, store: Store) -> Finding:
+def _plan_finding(plan: Any, store: Store, *, analysed: bool) -> Finding:
     index = f"{store.table.name}_relayd_claim"
-    scans = plan_scans(json.loads(plan))
+    scans = plan_scans(plan)
     reads_index = any(where == index for _, where in scans)
     # Only scans of the outbox matter (the claim also reads pg_stat_activity's catalogs).
     sequential = ("Seq Scan", store.table.name) in scans
     if reads_index and not sequential:
         return Finding(Verdict.OK, "claim", f"the claim reads its index {index}")
+    if not analysed:
+        # Without statistics the planner guesses from the table's size: a plan to look at
+        # again once the table is analysed, not a fault.
+        return Finding(
+            Verdict.WARN,
+            "claim",
+            f"{store.table} is not analysed yet, so the plan shown is a guess: autovacuum "
+            f"analyses it as rows arrive, or run ANALYZE {store.table}, then doctor again",
+        )
     return Finding(
         Verdict.FAIL,
         "claim",
         f"the claim does not read its index {index} (a sequential scan on every claim): "
-        "ANALYZE the table; check the index exists",
+        "check the index exists and is valid (`relayd migrate` creates it)",
     )
 
 

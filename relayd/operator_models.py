@@ -226,3 +226,12 @@ class HeldPage:
     filters: HeldFilter
     limit: int
     after: tuple[datetime, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueUse:
+    """Whether any row of the outbox, in any state, routes to a queue, as far as it was read:
+    when none does, `rows_read` rows were read (every row, unless it reached the bound)."""
+
+    used: bool
+    rows_read: int

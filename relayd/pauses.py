@@ -25,13 +25,16 @@ from relayd.operator import (
     operator_store,
     resolve_actor,
 )
-from relayd.operator_models import EVERY_QUEUE, EVERY_TYPE, Pause, describe_pause
+from relayd.operator_models import EVERY_QUEUE, EVERY_TYPE, Pause, QueueUse, describe_pause
 from relayd.terminal import printable
 
 if TYPE_CHECKING:
     import argparse
 
 _MAX_REASON_CHARS = 1000
+# How many rows `pause --queue` reads at most looking for one that routes to the queue: no
+# index holds the effective queue, and an outbox keeps its published rows for days.
+QUEUE_USE_ROWS = 1_000_000
 
 
 def queue_arg(value: str | None) -> str:
@@ -72,18 +75,25 @@ def pause_command(args: argparse.Namespace) -> int:
     actor = resolve_actor(args.actor)
     settings = load_settings(args.config)
 
-    async def pause() -> tuple[bool, list[Pause]]:
+    async def pause() -> tuple[bool, list[Pause], QueueUse | None]:
         async with operator_store(settings) as store:
             inserted = await store.pause(queue, job_type, reason, actor)
-            return inserted, await store.pauses()
+            # Looked at once the pause is written: a pause ahead of a deploy is legitimate,
+            # so an unused queue is only worth a warning (a typo would hold nothing).
+            use = None if queue == EVERY_QUEUE else await store.queue_use(queue, QUEUE_USE_ROWS)
+            return inserted, await store.pauses(), use
 
-    inserted, pauses = asyncio.run(pause())
+    inserted, pauses, use = asyncio.run(pause())
+    warning = _unused_queue_warning(queue, job_type, use, settings.outbox.table)
+    if warning is not None:
+        sys.stderr.write(f"relayd: warning: {warning}\n")
     if args.json:
         data = {
             "queue": queue,
             "type": job_type,
             "paused": True,
             "updated": not inserted,
+            "warning": warning,
             "pauses": pauses,
         }
         sys.stdout.write(_json(data) + "\n")
@@ -151,6 +161,21 @@ def _not_paused_hint(queue: str, job_type: str, pauses: list[Pause]) -> str:
     if holding.type != EVERY_TYPE:
         command += f" --type {holding.type}"
     return printable(f" ({holding.describe()} is paused: `{command}` lifts that)")
+
+
+def _unused_queue_warning(
+    queue: str, job_type: str, use: QueueUse | None, table: str
+) -> str | None:
+    if use is None or use.used:
+        return None
+    resume = f"relayd resume --queue {queue}"
+    if job_type != EVERY_TYPE:
+        resume += f" --type {job_type}"
+    if use.rows_read < QUEUE_USE_ROWS:
+        where = f"no row of {table} routes to queue {queue} (all {use.rows_read:,} rows read)"
+    else:
+        where = f"none of the first {use.rows_read:,} rows of {table} routes to queue {queue}"
+    return f"{where}: paused all the same; if the name is wrong, `{resume}`"
 
 
 def _time(pause: Pause) -> str:

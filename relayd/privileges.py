@@ -173,6 +173,7 @@ STATEMENTS: Mapping[str, Needs] = {
     # INSERT ... ON CONFLICT DO UPDATE ... RETURNING.
     "pause_upsert": {Obj.PAUSES: ("SELECT", "INSERT", "UPDATE")},
     "pause_delete": {Obj.PAUSES: ("SELECT", "DELETE")},
+    "queue_use": _BY_QUEUE,
     # Held rows: pending rows a pause holds, read and discarded with the pauses' sets.
     "held_list": _PENDING,
     "held_batch": _NOTHING,  # its parts fail under their own names
@@ -185,6 +186,7 @@ STATEMENTS: Mapping[str, Needs] = {
     "check_sees_writers": _NOTHING,
     "check_listen": _NOTHING,
     "doctor_table": _NOTHING,
+    "plan_as_relay": _NOTHING,
     "doctor_indexes": _NOTHING,
     "doctor_xmin_holders": _NOTHING,
     "doctor_horizon_others": _NOTHING,
@@ -236,7 +238,14 @@ TASKS: Mapping[Role, tuple[Task, ...]] = {
         ),
         Task(
             "relayd pause and resume",
-            ("pause_upsert", "pause_delete", "pauses_list", "audit_note", "outbox_notify"),
+            (
+                "pause_upsert",
+                "pause_delete",
+                "pauses_list",
+                "queue_use",
+                "audit_note",
+                "outbox_notify",
+            ),
         ),
         Task(
             "relayd held list and discard",

@@ -811,6 +811,19 @@ SELECT t.event_id::text AS event_id, t.pending, t.published, t.held, t.in_flight
 FROM target AS t
 LEFT JOIN discarded AS d ON d.event_id = t.event_id;
 
+-- name: queue_use
+-- Whether a row of the outbox, in any state, routes to queue $1: `relayd pause --queue`
+-- warns when none does (a typo, or a queue no producer has used yet). No index holds the
+-- effective queue, so the read stops at the first such row or after $2 rows; `rows_read`,
+-- counted only when no row routes there, says how far the queue was looked for.
+-- params: $1 queue text, $2 most rows to read bigint
+SELECT used,
+       CASE WHEN used THEN NULL
+            ELSE (SELECT count(*) FROM (SELECT FROM @outbox@ LIMIT $2) AS counted)
+       END AS rows_read
+FROM (SELECT EXISTS (SELECT FROM (SELECT job FROM @outbox@ LIMIT $2) AS bounded
+                     WHERE @schema@.relayd_effective_queue(bounded.job) = $1) AS used) AS seen;
+
 -- name: outbox_notify
 -- Wake idle relays at once (on commit), on the channel the insert trigger uses.
 -- params: $1 channel text
@@ -893,6 +906,13 @@ SELECT indexrelname::text AS name, pg_relation_size(indexrelid) AS bytes, idx_sc
 FROM pg_stat_user_indexes
 WHERE schemaname = $1 AND relname = $2
 ORDER BY indexrelname;
+
+-- name: plan_as_relay
+-- For the rest of this transaction, plan as `relayd run`'s sessions do: they price
+-- sequential scans out (store/connection.py, _server_settings), so `relayd doctor` explains
+-- the claim plan a relay gets, not the one a default session would.
+-- params: none
+SELECT set_config('enable_seqscan', 'off', true);
 
 -- name: doctor_xmin_holders
 -- The sessions holding back the xmin horizon (so vacuum cannot remove dead rows), oldest

@@ -69,13 +69,16 @@ class HealthQueries(StoreBase):
         return await self._fetch("doctor_horizon_others")
 
     async def explain_claim(self, limit: int, lease_s: float) -> Any:
-        """The claim's plan (EXPLAIN, not run), as PostgreSQL's JSON."""
+        """The claim's plan (EXPLAIN, not run) as a relay's session gets it, as PostgreSQL's
+        JSON."""
         with _translated("explain_claim"):
-            return await self._pool.fetchval(
-                "EXPLAIN (FORMAT JSON) " + self._q["claim"],
-                limit,
-                uuid.UUID(int=0),
-                lease_s,
-                str(self.table),
-                None,  # a full scan: the plan every claim uses, from the index's start
-            )
+            async with self._pool.acquire() as conn, conn.transaction():
+                await conn.execute(self._q["plan_as_relay"])
+                return await conn.fetchval(
+                    "EXPLAIN (FORMAT JSON) " + self._q["claim"],
+                    limit,
+                    uuid.UUID(int=0),
+                    lease_s,
+                    str(self.table),
+                    None,  # a full scan: the plan every claim uses, from the index's start
+                )

@@ -22,6 +22,7 @@ from relayd.operator_models import (
     DlqAction,
     Pause,
     PauseAction,
+    QueueUse,
     RowOutcome,
     RowResult,
 )
@@ -235,6 +236,18 @@ class OperatorQueries(SchemaQueries):
     async def pauses(self) -> list[Pause]:
         """The pauses in force for this outbox."""
         return [self._pause(r) for r in await self._fetch("pauses_list", str(self.table))]
+
+    async def queue_use(self, queue: str, most_rows: int) -> QueueUse | None:
+        """Whether any row routes to `queue`, reading at most `most_rows` rows; None when it
+        cannot be told (no SELECT on the outbox, the statement timeout): it only feeds a
+        warning, after the pause is written."""
+        with _translated("queue_use"):
+            try:
+                record = await self._pool.fetchrow(self._q["queue_use"], queue, most_rows)
+            except (asyncpg.InsufficientPrivilegeError, asyncpg.QueryCanceledError):
+                return None
+        assert record is not None  # noqa: S101 - one row, always
+        return QueueUse(used=record["used"], rows_read=record["rows_read"] or 0)
 
     @staticmethod
     def _page_args(page: DeadLetterPage) -> tuple[Any, ...]:

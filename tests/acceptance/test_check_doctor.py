@@ -15,7 +15,7 @@ import pytest
 from relayd.migrate import load_migrations
 from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from relayd.testing.processes import free_port
-from tests.support import Database, dsn_as, run_relayd
+from tests.support import Database, dsn_as, produce, run_relayd
 
 TOKEN = "check-token-value"  # noqa: S105 - a test value, not a credential
 
@@ -170,7 +170,8 @@ async def test_doctor_names_a_session_holding_back_the_horizon(
     cli_env: dict[str, str], database: Database, emulator: RunningEmulator
 ) -> None:
     """A forgotten repeatable-read transaction is named (pid, user, application name) as
-    holding back the xmin horizon; the claim is reported reading its index."""
+    holding back the xmin horizon; the claim is reported reading its index; --json carries
+    the claim's plan as JSON."""
     holder = await asyncpg.connect(
         database.dsn, server_settings={"application_name": "forgotten-report"}
     )
@@ -191,6 +192,8 @@ async def test_doctor_names_a_session_holding_back_the_horizon(
     diagnosis = json.loads(as_json)
     assert any(h["application_name"] == "forgotten-report" for h in diagnosis["horizon"])
     assert {f["topic"] for f in diagnosis["findings"]} >= {"vacuum", "horizon", "claim", "size"}
+    # The plan is PostgreSQL's EXPLAIN document as JSON, not a string holding it.
+    assert diagnosis["claim_plan"][0]["Plan"]["Node Type"]
 
 
 async def test_check_warns_when_writers_are_hidden_from_the_role(
@@ -204,3 +207,25 @@ async def test_check_warns_when_writers_are_hidden_from_the_role(
     verdict, detail = _verdicts(out)["privileges"]
     assert verdict == "warn"
     assert "but not pg_read_all_stats" in detail
+
+
+async def test_doctor_says_a_young_table_is_not_analysed_yet(
+    cli_env: dict[str, str], database: Database, emulator: RunningEmulator, conn: asyncpg.Connection
+) -> None:
+    """On a table PostgreSQL has never analysed the claim's plan is a guess: doctor warns
+    "not analysed yet" and says what to do (exit 0) instead of failing the claim; after
+    ANALYZE the claim reads its index."""
+    # Autovacuum off for this table: it must not analyse it behind the test's back.
+    await conn.execute("ALTER TABLE relayd.outbox SET (autovacuum_enabled = false)")
+    await produce(conn, 300)
+    env = _env(cli_env, database.dsn, emulator.url)
+    code, out, err = await run_relayd("doctor", env=env)
+    assert code == 0, out + err
+    verdict, detail = _verdicts(out)["claim"]
+    assert verdict == "warn"
+    assert "relayd.outbox is not analysed yet" in detail
+    assert "ANALYZE relayd.outbox" in detail
+    await conn.execute("ANALYZE relayd.outbox")
+    code, out, err = await run_relayd("doctor", env=env)
+    assert code == 0, out + err
+    assert _verdicts(out)["claim"] == ("ok", "the claim reads its index outbox_relayd_claim")

@@ -72,3 +72,19 @@ def test_config_example_prints_the_shipped_example(cli_env: dict[str, str]) -> N
     result = run_relayd_blocking("config", "example", env=cli_env)
     assert result.returncode == 0
     assert result.stdout == (ROOT / "config.example.toml").read_text()
+
+
+def test_a_relayd_variable_that_is_no_setting_exits_2(cli_env: dict[str, str]) -> None:
+    """A typo such as RELAYD_RELAY_WORKERS (one underscore) is refused in one line naming it,
+    with the setting it resembles, instead of leaving relay.workers at its default."""
+    result = run_relayd_blocking("config", "show", env=cli_env | {"RELAYD_RELAY_WORKERS": "8"})
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        "relayd: config error: RELAYD_RELAY_WORKERS: not a setting "
+        "(did you mean RELAYD_RELAY__WORKERS? "
+    )
+    assert result.stderr.count("\n") == 1
+    assert result.stdout == ""
+    # The test suite's own prefix is left alone.
+    result = run_relayd_blocking("config", "show", env=cli_env | {"RELAYD_TEST_DSN": "x"})
+    assert result.returncode == 0, result.stderr

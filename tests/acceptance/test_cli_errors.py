@@ -68,8 +68,9 @@ def test_migrate_with_a_wrong_database_name_exits_2_without_the_password(
         (
             {"RELAYD_BOGUS__X": "1"},
             "",
-            "RELAYD_BOGUS__X: unknown setting section 'bogus' (known: database, outbox, sink, "
-            "relay, retry, http, log, cleanup, metrics)",
+            "RELAYD_BOGUS__X: not a setting (relayd reads RELAYD_CONFIG and "
+            "RELAYD_<SECTION>__<KEY>, sections: database, outbox, sink, relay, retry, http, log, "
+            "cleanup, metrics)",
         ),
     ],
 )

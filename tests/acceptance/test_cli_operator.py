@@ -37,11 +37,14 @@ def env(cli_env: dict[str, str], database: Database) -> dict[str, str]:
 async def test_dlq_list_prints_a_table_newest_first_and_json_for_scripts(
     conn: asyncpg.Connection, env: dict[str, str]
 ) -> None:
-    """`dlq list`: one line per dead letter (reason, queue, type, attempts, last_error cut
-    short), newest first, filtered; `--json` gives every field."""
+    """`dlq list`: one line per dead letter (reason, queue, type, attempts, and last_error
+    whole, its cause at the end included), newest first, filtered; `--json` gives every
+    field."""
     [old] = await produce(conn, 1, queue="orders", job_type="order.fulfill")
     [new] = await produce(conn, 1)
-    await _kill(conn, old, "max_attempts", "503 Service Unavailable: " + "x" * 100, "2 hours")
+    cause = "connect to inventory-db:5432 refused"
+    unavailable = "503 Service Unavailable: upstream timed out " + "x" * 100 + ": " + cause
+    await _kill(conn, old, "max_attempts", unavailable, "2 hours")
     await _kill(conn, new, "sink_rejected", "400 invalid_request:\nargs must be strings", "1 min")
 
     result = run_relayd_blocking("dlq", "list", env=env)
@@ -61,7 +64,7 @@ async def test_dlq_list_prints_a_table_newest_first_and_json_for_scripts(
     assert first.endswith("400 invalid_request: args must be strings")  # no line break
     assert second.split()[0] == old
     assert second.split()[2:6] == ["max_attempts", "orders", "order.fulfill", "3"]
-    assert second.endswith("503 Service Unavailable: " + "x" * 32 + "...")
+    assert second.endswith(f"  {unavailable}")
     assert footer == "2 dead letters, newest first"
 
     result = run_relayd_blocking(
@@ -72,7 +75,7 @@ async def test_dlq_list_prints_a_table_newest_first_and_json_for_scripts(
     assert row["event_id"] == old
     assert row["queue"] == "orders"
     assert row["state"] == "dead"
-    assert row["last_error"].endswith("x" * 100)
+    assert row["last_error"] == unavailable
     assert row["dead_at"].endswith("Z")
 
     result = run_relayd_blocking("dlq", "list", "--reason", "conflict", env=env)
@@ -231,3 +234,36 @@ def test_pause_and_resume_say_what_they_did(env: dict[str, str]) -> None:
     assert result.returncode == 0
     assert result.stdout.startswith("resumed queue orders of relayd.outbox (paused since ")
     assert result.stdout.endswith("by al: longer); idle relays woken\nnothing is paused now\n")
+
+
+async def test_pausing_a_queue_no_row_uses_warns_but_pauses(
+    conn: asyncpg.Connection, env: dict[str, str]
+) -> None:
+    """`pause --queue Q` for a queue no row routes to, in any state (a typo, or a queue not
+    used yet), still pauses it but warns in one stderr line, and in --json's `warning`; a
+    queue whose only rows are published is in use: no warning."""
+    orders = await produce(conn, 2, queue="orders")
+    await conn.execute(
+        "UPDATE relayd.outbox SET published_at = now() WHERE event_id = ANY($1::uuid[])", orders
+    )
+    result = run_relayd_blocking("pause", "--queue", "ordres", "--reason", "deploy", env=env)
+    assert result.returncode == 0
+    assert result.stderr == (
+        "relayd: warning: no row of relayd.outbox routes to queue ordres (all 2 rows read): "
+        "paused all the same; if the name is wrong, `relayd resume --queue ordres`\n"
+    )
+    assert result.stdout.startswith("paused queue ordres of relayd.outbox: ")
+    assert await conn.fetchval("SELECT count(*) FROM relayd.relayd_pauses") == 1
+
+    result = run_relayd_blocking(
+        "pause", "--queue", "ordres", "--reason", "deploy", "--json", env=env
+    )
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["warning"].startswith(
+        "no row of relayd.outbox routes to queue ordres"
+    )
+    result = run_relayd_blocking(
+        "pause", "--queue", "orders", "--reason", "deploy", "--json", env=env
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+    assert json.loads(result.stdout)["warning"] is None

@@ -89,6 +89,42 @@ def test_every_alert_has_summary_description_and_a_runbook_section() -> None:
     assert sections == {alert["alert"] for alert in _alerts()}, "runbook sections without alert"
 
 
+# The figures an expression turns on: a comparison with a number, and a range.
+_COMPARISON = re.compile(r"(==|!=|>=|<=|>|<)\s*(\d+(?:\.\d+)?)")
+_RANGE = re.compile(r"\[\d+[smhdw]\]")
+
+
+def _figures(text: str) -> set[str]:
+    comparisons = {f"{op} {number}" for op, number in _COMPARISON.findall(text)}
+    return comparisons | set(_RANGE.findall(text))
+
+
+def test_what_to_alert_on_quotes_the_shipped_rules() -> None:
+    """The table under "What to alert on" in docs/operations.md has one row per shipped
+    alert, with its severity, its `for` and, in code spans, exactly the thresholds and
+    ranges of its expression: a tuned rule without its docs (or docs quoting example
+    thresholds the file does not ship) fails here."""
+    text = OPERATIONS.read_text()
+    section = text[text.index("**What to alert on") :]
+    section = section[: section.index("\n\n", section.index("| alert |"))]
+    rows = {}
+    for line in section.splitlines():
+        match = re.match(r"\| \[`(\w+)`\]\(#(\w+)\) \| (\w+) \| (.*) \| ([\w ]+) \|$", line)
+        if match:
+            name, anchor, severity, fires, duration = match.groups()
+            assert anchor == name.lower(), name
+            rows[name] = (severity, _figures(" ".join(re.findall(r"`([^`]*)`", fires))), duration)
+    shipped = {
+        alert["alert"]: (
+            alert["labels"]["severity"],
+            _figures(alert["expr"]),
+            alert.get("for", "at once"),
+        )
+        for alert in _alerts()
+    }
+    assert rows == shipped
+
+
 def test_rules_name_only_relayd_metrics() -> None:
     """Every metric an expression selects is one relayd exports, or a recording rule."""
     names = recorded()

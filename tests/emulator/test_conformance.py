@@ -1,6 +1,6 @@
 """The emulator against the OJS conformance suite (its JSON cases, run by our interpreter).
 
-The suite is read in place, never copied: `RELAYD_OJS_CONFORMANCE`, default
+The suite is read in place, never copied: `RELAYD_TEST_OJS_CONFORMANCE`, default
 `../shared/ojs-conformance` beside the repository root. Cases the emulator deliberately
 diverges from are listed once, in DIVERGENT, and must keep failing (strict).
 """
@@ -26,7 +26,7 @@ def _repository_root() -> Path:
     raise RuntimeError("no pyproject.toml above the tests")
 
 
-SUITE_ENV = "RELAYD_OJS_CONFORMANCE"
+SUITE_ENV = "RELAYD_TEST_OJS_CONFORMANCE"
 SUITE_DIR = (_repository_root() / os.environ.get(SUITE_ENV, "../shared/ojs-conformance")).resolve()
 # The categories the emulator implements; each JSON file in them is one pytest case.
 SELECTED = (

@@ -62,7 +62,7 @@ def child_env(extra: Mapping[str, str]) -> dict[str, str]:
         k: v
         for k, v in os.environ.items()
         # A mutant (relayd/mutants.py) selected for a negative control reaches every relay.
-        if not k.startswith("RELAYD_") or k in ("RELAYD_OJS_CONFORMANCE", "RELAYD_TEST_MUTANT")
+        if not k.startswith("RELAYD_") or k in ("RELAYD_TEST_OJS_CONFORMANCE", "RELAYD_TEST_MUTANT")
     }
     return inherited | dict(extra)
 

@@ -10,11 +10,13 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 
 from relayd.daemon import Daemon
+from relayd.operator_models import QueueUse
 from relayd.store import Store
 from relayd.testing.emulator import RunningEmulator
 from tests.support import (
     Database,
     drained,
+    dsn_as,
     eventually,
     pending,
     produce,
@@ -172,3 +174,32 @@ async def test_store_pause_writes_the_pause_and_its_audit_row_together(
     assert await store.claim(10, uuid.uuid4(), 30.0) == []
     assert await store.resume("*", "*", "alice") is not None
     assert len(await store.claim(10, uuid.uuid4(), 30.0)) == 3
+
+
+async def test_queue_use_reads_rows_in_any_state_up_to_its_bound(
+    database: Database, conn: asyncpg.Connection, store: Store
+) -> None:
+    """`Store.queue_use` (what `relayd pause --queue` warns from): a dead or published row
+    counts as use; an unused queue reports the rows read, at most the bound; a role that may
+    not read the outbox gets None (no warning) rather than an error after its pause."""
+    mail = await produce(conn, 1, queue="mail")
+    await produce(conn, 4, queue="orders")
+    await conn.execute(
+        "UPDATE relayd.outbox SET dead_at = now(), dead_reason = 'conflict' WHERE event_id = $1",
+        mail[0],
+    )
+    assert await store.queue_use("mail", 100) == QueueUse(used=True, rows_read=0)
+    assert await store.queue_use("ordres", 100) == QueueUse(used=False, rows_read=5)
+    assert await store.queue_use("ordres", 3) == QueueUse(used=False, rows_read=3)
+    role = f"relayd_pauser_{uuid.uuid4().hex[:8]}"
+    await conn.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        await conn.execute(f"GRANT USAGE ON SCHEMA relayd TO {role}")
+        pauser = await Store.connect(dsn_as(database.dsn, role), database.table, max_size=1)
+        try:
+            assert await pauser.queue_use("orders", 100) is None
+        finally:
+            await pauser.close()
+    finally:
+        await conn.execute(f"DROP OWNED BY {role}")
+        await conn.execute(f"DROP ROLE {role}")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
 import pytest
 
 from relayd.cli import main
-from relayd.config import DatabaseSettings, Settings, load_settings, redact_dsn
+from relayd.config import DatabaseSettings, Settings, load_settings
+from relayd.dsn import redact_dsn
 from relayd.errors import ConfigError
 from relayd.models import OutboxTable
 from relayd.store import _server_settings
@@ -76,7 +78,7 @@ def test_config_path_from_environment(tmp_path: Path, monkeypatch: pytest.Monkey
         ("[nope]\nx = 1\n", {}, "nope", "unknown key"),
         ("[relay]\nworkers = 0\n", {}, "relay.workers", "greater than or equal to 1"),
         ("", {"RELAYD_RELAY__WORKERS": "many"}, "relay.workers", "valid integer"),
-        ("", {"RELAYD_SINK__SURPRISE": "1"}, "sink.surprise", "unknown key"),
+        ("", {"RELAYD_SINK__SURPRISE": "1"}, "RELAYD_SINK__SURPRISE", "not a setting"),
         ("[relay]\nlease_s = 15\n", {}, "relay.lease_s", "greater than 2 x sink.timeout_s"),
         ('[sink]\nurl = "ftp://x"\n', {}, "sink.url", "http:// or https://"),
         ('[sink]\nurl = "http://u:p@x"\n', {}, "sink.url", "sink.token_file"),
@@ -101,10 +103,16 @@ def test_config_path_from_environment(tmp_path: Path, monkeypatch: pytest.Monkey
         ("[database]\nstatement_timeout_s = 1e7\n", {}, "database.statement_timeout_s", "2147483"),
         ("[database]\nstatement_timeout_s = inf\n", {}, "database.statement_timeout_s", "finite"),
         ("[database]\nstatement_timeout_s = 0.0004\n", {}, "database.statement_timeout_s", "0.001"),
-        # Variables for an unknown section are refused like unknown keys of a known one.
-        ("", {"RELAYD_BOGUS__X": "1"}, "RELAYD_BOGUS__X", "unknown setting section 'bogus'"),
-        ("", {"relayd_Bogus__x": "1"}, "relayd_Bogus__x", "known: database, outbox, sink"),
-        ("", {"RELAYD___X": "1"}, "RELAYD___X", "unknown setting section ''"),
+        # A RELAYD_* variable that is no setting is refused like an unknown key in the file:
+        # a typo would otherwise leave the setting at its default without a word.
+        ("", {"RELAYD_BOGUS__X": "1"}, "RELAYD_BOGUS__X", "not a setting"),
+        ("", {"relayd_Bogus__x": "1"}, "relayd_Bogus__x", "sections: database, outbox, sink"),
+        ("", {"RELAYD___X": "1"}, "RELAYD___X", "not a setting"),
+        ("", {"RELAYD_RELAY_WORKERS": "8"}, "RELAYD_RELAY_WORKERS", "mean RELAYD_RELAY__WORKERS?"),
+        ("", {"RELAYD_CONFG": "/etc/x.toml"}, "RELAYD_CONFG", "did you mean RELAYD_CONFIG?"),
+        ("", {"RELAYD_DATABASE": "{}"}, "RELAYD_DATABASE", "RELAYD_<SECTION>__<KEY>"),
+        ("", {"RELAYD_RELAY__WORKERS__X": "8"}, "RELAYD_RELAY__WORKERS__X", "not a setting"),
+        ("", {"RELAYD_OJS_CONFORMANCE": "/x"}, "RELAYD_OJS_CONFORMANCE", "not a setting"),
     ],
 )
 def test_bad_config_names_the_key(
@@ -139,11 +147,12 @@ def test_durations_accept_their_documented_bounds(tmp_path: Path) -> None:
     assert settings.cleanup.published_retention_s == 315_360_000
 
 
-def test_environment_without_a_section_separator_is_not_a_setting(
+def test_the_test_suites_variables_are_not_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """RELAYD_CONFIG-style variables (no `__`) share the prefix and are left alone."""
-    for name in ("RELAYD_TEST_DSN", "RELAYD_OJS_CONFORMANCE", "RELAYD_CI_SERVER_DSN"):
+    """RELAYD_CONFIG names the file and RELAYD_TEST_* (reserved for relayd's test suite) is
+    left alone: neither is refused as an unknown setting."""
+    for name in ("RELAYD_TEST_DSN", "RELAYD_TEST_OJS_CONFORMANCE", "relayd_test_anything"):
         monkeypatch.setenv(name, "postgresql://x:hunter2@h/db")
     monkeypatch.setenv("RELAYD_CONFIG", str(_write(tmp_path, "")))
     assert load_settings() == Settings()
@@ -240,7 +249,9 @@ def test_secrets_come_from_files_and_never_show(tmp_path: Path) -> None:
     shown = repr(settings) + str(settings.redacted())
     assert "hunter2" not in shown
     assert "tok-3xyz" not in shown
-    assert settings.redacted()["database"]["dsn"] == "postgresql://relayd:***@db/app"
+    # The file is the DSN's one source: redacted() names it and shows no DSN at all.
+    assert settings.redacted()["database"]["dsn"] is None
+    assert settings.redacted()["database"]["dsn_file"] == str(dsn_file)
 
 
 def test_settings_built_directly_read_their_secret_files(tmp_path: Path) -> None:
@@ -288,6 +299,7 @@ def test_secret_file_errors_name_the_key(tmp_path: Path, text: str, message: str
     [
         ("postgresql://u:secret@h:5432/db", "postgresql://u:***@h:5432/db"),
         ("postgresql://u@h/db", "postgresql://u@h/db"),
+        ("postgresql://u:@/db?host=/run/pg", "postgresql://u:@/db?host=/run/pg"),
         (
             "postgres://u:p%40ss@h/db?sslmode=require&password=x",
             "postgres://u:***@h/db?sslmode=require&password=***",
@@ -330,3 +342,111 @@ def test_cli_bad_table_exits_2_with_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert err.startswith("relayd: config error: outbox.table: ")
+
+
+# Every key away from its default, secrets from files under a directory whose name TOML must
+# escape (quotes, a backslash, a character outside the BMP that JSON would write as a
+# surrogate pair, which TOML refuses).
+_EVERY_KEY = """
+[database]
+dsn_file = '{secrets}/dsn'
+pool_max_size = 7
+connect_timeout_s = 2.5
+statement_timeout_s = 0.001
+[outbox]
+table = "app.outbox_events"
+[sink]
+url = "https://ojs.internal:8443/base"
+token_file = '{secrets}/token'
+ca_file = '{secrets}/ca.pem'
+timeout_s = 4.0
+connect_timeout_s = 1.5
+concurrency = 9
+batch = "off"
+batch_max_jobs = 11
+batch_max_bytes = 2048
+max_envelope_bytes = 4096
+[relay]
+workers = 3
+batch_size = 17
+lease_s = 12.5
+poll_interval_s = 0.25
+listen = false
+shutdown_grace_s = 0
+full_scan_interval_s = 3
+storm_threshold = 0.75
+storm_window = 40
+[retry]
+base_s = 0.1
+cap_s = 1e-1
+max_attempts = 4
+breaker_threshold = 2
+breaker_cooldown_s = 0.3
+[http]
+enabled = false
+listen = "[::1]:9999"
+[log]
+level = "debug"
+format = "json"
+[cleanup]
+enabled = false
+published_retention_s = 3600
+interval_s = 5
+batch_size = 10
+[metrics]
+sample_interval_s = 0.5
+"""
+
+
+def test_config_show_loads_back_as_the_same_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`relayd config show` saved to a file loads back as the same settings (secrets read from
+    the same files); each secret file is named once by its path, never by its content, and
+    dsn and dsn_file never both appear."""
+    secrets = tmp_path / 'a "quoted" \\ dir \u2713 \U0001f642'
+    secrets.mkdir()
+    (secrets / "dsn").write_text("postgresql://relayd:hunter2@db/app\n")
+    (secrets / "token").write_text("tok-3xyz\n")
+    (secrets / "ca.pem").write_text("not parsed at load\n")
+    config = _write(tmp_path, _EVERY_KEY.format(secrets=secrets))
+    monkeypatch.setenv("RELAYD_RELAY__WORKERS", "5")  # the environment's value is shown
+    original = load_settings(config)
+    assert original != Settings()
+    assert main(["config", "show", "--config", str(config)]) == 0
+    shown = capsys.readouterr().out
+    assert "hunter2" not in shown
+    assert "tok-3xyz" not in shown
+    assert "postgresql" not in shown  # not even redacted: the file is the DSN's one source
+    assert tomllib.loads(shown)["database"]["dsn_file"] == str(secrets / "dsn")
+    assert "dsn" not in tomllib.loads(shown)["database"]
+    saved = tmp_path / "shown.toml"
+    saved.write_text(shown)
+    monkeypatch.delenv("RELAYD_RELAY__WORKERS")
+    reloaded = load_settings(saved)
+    assert reloaded == original
+    assert reloaded.dsn == "postgresql://relayd:hunter2@db/app"
+    assert reloaded.relay.workers == 5
+    # --json shows the same single source for the DSN.
+    assert main(["config", "show", "--json", "--config", str(config)]) == 0
+    database = json.loads(capsys.readouterr().out)["database"]
+    assert (database["dsn"], database["dsn_file"]) == (None, str(secrets / "dsn"))
+
+
+def test_config_show_never_prints_an_inline_password_as_a_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An inline DSN without a password is shown as it is and loads back; one with a password
+    is shown only as a comment, redacted, since a `***` password read back would be wrong."""
+    plain = _write(tmp_path, '[database]\ndsn = "postgresql://app@db:5432/app"\n')
+    assert main(["config", "show", "--config", str(plain)]) == 0
+    assert tomllib.loads(capsys.readouterr().out)["database"]["dsn"] == (
+        "postgresql://app@db:5432/app"
+    )
+    secret = _write(tmp_path, '[database]\ndsn = "postgresql://app:s3cr3t@db:5432/app"\n')
+    assert main(["config", "show", "--config", str(secret)]) == 0
+    shown = capsys.readouterr().out
+    assert "dsn" not in tomllib.loads(shown)["database"]
+    [line] = [line for line in shown.splitlines() if "postgresql://" in line]
+    assert line.startswith('# dsn = "postgresql://app:***@db:5432/app"')
+    assert "dsn_file" in line

@@ -46,7 +46,9 @@ def test_both_credentials_are_read_when_nothing_is_set(tmp_path: Path, credentia
     assert settings.database.dsn_file == credentials / "database-dsn"
     assert settings.sink.token is not None
     assert settings.sink.token.get_secret_value() == "t0ken"
-    assert settings.redacted()["database"]["dsn"] == "postgresql://relayd:***@db.internal:5432/app"
+    # Shown as its source, the credential's path, never the DSN (config show loads back).
+    database = settings.redacted()["database"]
+    assert (database["dsn"], database["dsn_file"]) == (None, str(credentials / "database-dsn"))
 
 
 def test_a_missing_optional_credential_leaves_the_setting_unset(
