@@ -11,7 +11,7 @@ import os
 import re
 import ssl
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from importlib import resources
 from pathlib import Path
@@ -37,7 +37,7 @@ from pydantic_settings import (
 
 from relayd.errors import ConfigError
 from relayd.models import OutboxTable
-from relayd.token_file import SecretFileError, read_secret_file
+from relayd.token_file import SecretFileError, read_secret_file, read_token_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/relayd/config.toml")
 CONFIG_ENV_VAR = "RELAYD_CONFIG"
@@ -166,7 +166,11 @@ class SinkSettings(_Section):
     def _read_files(self) -> SinkSettings:
         # Read while validating, so that any SinkSettings, however built, is complete.
         if self.token_file is not None:
-            self._token = SecretStr(_read_secret(self.token_file, "sink.token_file"))
+            # Checked now as the running relay checks a rotated file: a token that cannot be
+            # sent as a header value would make every request fail to be built.
+            self._token = SecretStr(
+                _read_secret(self.token_file, "sink.token_file", read=read_token_file)
+            )
         if self.ca_file is not None and not self.ca_file.is_file():
             raise _KeyedError("sink.ca_file", f"not a readable file: {self.ca_file}")
         return self
@@ -581,9 +585,10 @@ def _config_error(exc: ValidationError) -> ConfigError:
     return ConfigError(key, message.removeprefix("Value error, "))
 
 
-def _read_secret(path: Path, key: str) -> str:
-    """The stripped text of a secret file; `_KeyedError` naming `key` if it is unusable."""
+def _read_secret(path: Path, key: str, *, read: Callable[[Path], str] = read_secret_file) -> str:
+    """The stripped text of a secret file (as `read` checks it); `_KeyedError` naming `key`
+    if it is unusable."""
     try:
-        return read_secret_file(path)
+        return read(path)
     except SecretFileError as exc:
         raise _KeyedError(key, str(exc)) from None

@@ -1,6 +1,7 @@
 """The OJS sink's transport: POST /ojs/v1/jobs (and /jobs/batch), GET-first reconciliation,
 the manifest, over one keep-alive aiohttp session. What each answer means is decided in
-`relayd/sinks/ojs_answers.py`; aiohttp exceptions stop here, turned into outcome values.
+`relayd/sinks/ojs_answers.py`; aiohttp exceptions stop here, turned into outcome values, and
+so does a request aiohttp refuses to build: no exchange raises into a worker.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from relayd.sinks.ojs_answers import (
     redact,
     request_id,
     secret_forms,
+    unbuildable,
 )
 from relayd.token_file import TokenFile
 
@@ -71,7 +73,8 @@ class OjsSink:
     on the sink, so it needs no such check.
 
     The bearer token follows `sink.token_file` when an operator rotates it: the file is
-    looked at no more than once a second, and at once after a 401/403 (relayd/token_file.py).
+    looked at (off the loop) no more than once a second, and at once after a 401/403
+    (relayd/token_file.py).
     """
 
     def __init__(
@@ -331,7 +334,7 @@ class OjsSink:
         if self._session is None:
             raise RuntimeError("OjsSink.start() was not called")
         headers = {"X-Request-Id": rid}
-        token = self._bearer()
+        token = await self._bearer()
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         if body is not None:
@@ -339,17 +342,19 @@ class OjsSink:
         # Unless an answer or a transport failure says otherwise, the exchange was cut by
         # the attempt's deadline (a cancellation, which is not ours to swallow).
         code = "timeout"
+        answered = False
         try:
             async with self._session.request(
                 method, self._url + path, data=body, headers=headers, allow_redirects=False
             ) as response:
+                answered = True
                 content = await _read_body(response.content)
                 code = str(response.status)
                 if response.status in (401, 403) and self._token_file is not None:
                     # Refused: the operator may have rotated the token; the next request
                     # (the breaker's probe) sends the file's new one. This answer can only
                     # echo the token it was sent, which is redacted already.
-                    self._token_file.refresh()
+                    await self._token_file.refresh()
                 if not 200 <= response.status < 300:
                     # Error text may reach logs and last_error; a server or proxy that
                     # echoes our Authorization header must not put the token there.
@@ -358,14 +363,23 @@ class OjsSink:
         except aiohttp.ClientError as exc:
             code = "error"
             return classify_exception(exc)
+        except (ValueError, TypeError) as exc:
+            # aiohttp refuses to build some requests (a control character in a header
+            # value, a URL it cannot encode) with a plain ValueError, before any byte is
+            # sent. A request that cannot be built would fail for every row alike: a
+            # sink-wide failure, never a worker's crash. After an answer, it is our bug.
+            if answered:
+                raise
+            code = "error"
+            return unbuildable(exc)
         finally:
             if self._observe is not None:
                 self._observe(method, code)
 
-    def _bearer(self) -> str | None:
-        """The token to send now: the token file's current one (see TokenFile.value)."""
+    async def _bearer(self) -> str | None:
+        """The token to send now: the token file's current one (see TokenFile.current)."""
         if self._token_file is not None:
-            token = self._token_file.value
+            token = await self._token_file.current()
             if token != self._token:
                 self._token = token
                 forms = {*self._secrets, *secret_forms(token)}

@@ -190,6 +190,17 @@ def differences(envelope: Envelope, job: Mapping[str, Any]) -> list[str]:
     return found
 
 
+def unbuildable(exc: BaseException) -> SinkDown:
+    """The HTTP client refused to build the request (a header or URL it will not send). The
+    text names the exception's type only: its message may quote the header value."""
+    return SinkDown(
+        f"the request could not be built ({type(exc).__name__}; check sink.token_file and "
+        "sink.url)",
+        reached=False,
+        severe=True,
+    )
+
+
 def classify_exception(exc: BaseException) -> SinkDown:
     """A transport failure. `reached` is False only when no byte can have been stored."""
     if isinstance(exc, aiohttp.ClientSSLError):
