@@ -1,7 +1,8 @@
 """The OJS sink's transport: POST /ojs/v1/jobs (and /jobs/batch), GET-first reconciliation,
 the manifest, over one keep-alive aiohttp session. What each answer means is decided in
 `relayd/sinks/ojs_answers.py`; aiohttp exceptions stop here, turned into outcome values, and
-so does a request aiohttp refuses to build: no exchange raises into a worker.
+so does a request aiohttp refuses to build: no exchange raises into a worker. No text leaves
+the sink (an outcome's error, `check`'s line) with a piece of a token in it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from relayd.sinks.ojs_answers import (
     BatchNotServed,
     BatchSplit,
     Response,
+    SecretPieces,
     batch_body,
     classify_batch,
     classify_exception,
@@ -48,6 +50,7 @@ from relayd.sinks.ojs_answers import (
     plan_batches,
     redact,
     request_id,
+    scrubbed,
     secret_forms,
     unbuildable,
 )
@@ -105,6 +108,7 @@ class OjsSink:
         )
         # Every form of every token this sink has sent: rotated-out ones stay redacted.
         self._secrets = secret_forms(token) if token else ()
+        self._pieces = SecretPieces.of(self._secrets)
 
     async def start(self) -> None:
         # Authorization is set per request: the token may change while the session lives.
@@ -163,17 +167,21 @@ class OjsSink:
     ) -> dict[str, Outcome]:
         if len(rows) == 1:
             row = rows[0]
-            return {row.event_id: await self._publish_row(row, envelopes[row.event_id], send_by)}
-        return await self._publish_batch(rows, envelopes, send_by)
+            outcome = await self._publish_row(row, envelopes[row.event_id], send_by)
+            return {row.event_id: scrubbed(outcome, self._pieces)}
+        outcomes = await self._publish_batch(rows, envelopes, send_by)
+        if not self._pieces.whole:
+            return outcomes
+        return {event_id: scrubbed(o, self._pieces) for event_id, o in outcomes.items()}
 
     async def reconcile(self, row: ClaimedRow, envelope: Envelope) -> Outcome | NotFound:
-        return await self._get(row, envelope, suffix="-get")
+        return scrubbed(await self._get(row, envelope, suffix="-get"), self._pieces)
 
     async def check(self) -> tuple[bool, str]:
         """GET the manifest: it needs the bearer token where the server has one."""
         answer = await self._exchange("GET", MANIFEST_PATH, None, "relayd-check")
         if isinstance(answer, SinkDown):
-            return False, f"unreachable: {answer.error}"
+            return False, f"unreachable: {scrubbed(answer, self._pieces).error}"
         if answer.status in (401, 403):
             return False, f"HTTP {answer.status}: not authorised (check sink.token_file)"
         if answer.status != 200:
@@ -384,6 +392,7 @@ class OjsSink:
                 self._token = token
                 forms = {*self._secrets, *secret_forms(token)}
                 self._secrets = tuple(sorted(forms, key=len, reverse=True))
+                self._pieces = SecretPieces.of(self._secrets)
         return self._token
 
     def _noted(self, outcome: _O) -> _O:
