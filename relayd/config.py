@@ -166,11 +166,9 @@ class SinkSettings(_Section):
     def _read_files(self) -> SinkSettings:
         # Read while validating, so that any SinkSettings, however built, is complete.
         if self.token_file is not None:
-            # Checked now as the running relay checks a rotated file: a token that cannot be
-            # sent as a header value would make every request fail to be built.
-            self._token = SecretStr(
-                _read_secret(self.token_file, "sink.token_file", read=read_token_file)
-            )
+            # Checked as a rotated file is: a token that cannot be a header value is refused.
+            token = _read_secret(self.token_file, "sink.token_file", read=read_token_file)
+            self._token = SecretStr(token)
         if self.ca_file is not None and not self.ca_file.is_file():
             raise _KeyedError("sink.ca_file", f"not a readable file: {self.ca_file}")
         return self
