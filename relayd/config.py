@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from importlib import resources
 from pathlib import Path
@@ -37,7 +37,7 @@ from pydantic_settings import (
 from relayd.dsn import check_dsn, redact_dsn
 from relayd.errors import ConfigError
 from relayd.models import OutboxTable
-from relayd.token_file import SecretFileError, read_secret_file
+from relayd.token_file import SecretFileError, read_secret_file, read_token_file
 
 DEFAULT_CONFIG_PATH = Path("/etc/relayd/config.toml")
 ENV_PREFIX = "RELAYD_"
@@ -168,7 +168,9 @@ class SinkSettings(_Section):
     def _read_files(self) -> SinkSettings:
         # Read while validating, so that any SinkSettings, however built, is complete.
         if self.token_file is not None:
-            self._token = SecretStr(_read_secret(self.token_file, "sink.token_file"))
+            # Checked as a rotated file is: a token that cannot be a header value is refused.
+            token = _read_secret(self.token_file, "sink.token_file", read=read_token_file)
+            self._token = SecretStr(token)
         if self.ca_file is not None and not self.ca_file.is_file():
             raise _KeyedError("sink.ca_file", f"not a readable file: {self.ca_file}")
         return self
@@ -469,9 +471,10 @@ def _config_error(exc: ValidationError) -> ConfigError:
     return ConfigError(key, message.removeprefix("Value error, "))
 
 
-def _read_secret(path: Path, key: str) -> str:
-    """The stripped text of a secret file; `_KeyedError` naming `key` if it is unusable."""
+def _read_secret(path: Path, key: str, *, read: Callable[[Path], str] = read_secret_file) -> str:
+    """The stripped text of a secret file (as `read` checks it); `_KeyedError` naming `key`
+    if it is unusable."""
     try:
-        return read_secret_file(path)
+        return read(path)
     except SecretFileError as exc:
         raise _KeyedError(key, str(exc)) from None

@@ -1,6 +1,8 @@
 """The OJS sink's transport: POST /ojs/v1/jobs (and /jobs/batch), GET-first reconciliation,
 the manifest, over one keep-alive aiohttp session. What each answer means is decided in
-`relayd/sinks/ojs_answers.py`; aiohttp exceptions stop here, turned into outcome values.
+`relayd/sinks/ojs_answers.py`; aiohttp exceptions stop here, turned into outcome values, and
+so does a request aiohttp refuses to build: no exchange raises into a worker. No text leaves
+the sink (an outcome's error, `check`'s line) with a piece of a token in it.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from relayd.sinks.ojs_answers import (
     BatchNotServed,
     BatchSplit,
     Response,
+    SecretPieces,
     batch_body,
     classify_batch,
     classify_exception,
@@ -47,7 +50,9 @@ from relayd.sinks.ojs_answers import (
     plan_batches,
     redact,
     request_id,
+    scrubbed,
     secret_forms,
+    unbuildable,
 )
 from relayd.token_file import TokenFile
 
@@ -71,7 +76,8 @@ class OjsSink:
     on the sink, so it needs no such check.
 
     The bearer token follows `sink.token_file` when an operator rotates it: the file is
-    looked at no more than once a second, and at once after a 401/403 (relayd/token_file.py).
+    looked at (off the loop) no more than once a second, and at once after a 401/403
+    (relayd/token_file.py).
     """
 
     def __init__(
@@ -102,6 +108,7 @@ class OjsSink:
         )
         # Every form of every token this sink has sent: rotated-out ones stay redacted.
         self._secrets = secret_forms(token) if token else ()
+        self._pieces = SecretPieces.of(self._secrets)
 
     async def start(self) -> None:
         # Authorization is set per request: the token may change while the session lives.
@@ -160,17 +167,21 @@ class OjsSink:
     ) -> dict[str, Outcome]:
         if len(rows) == 1:
             row = rows[0]
-            return {row.event_id: await self._publish_row(row, envelopes[row.event_id], send_by)}
-        return await self._publish_batch(rows, envelopes, send_by)
+            outcome = await self._publish_row(row, envelopes[row.event_id], send_by)
+            return {row.event_id: scrubbed(outcome, self._pieces)}
+        outcomes = await self._publish_batch(rows, envelopes, send_by)
+        if not self._pieces.whole:
+            return outcomes
+        return {event_id: scrubbed(o, self._pieces) for event_id, o in outcomes.items()}
 
     async def reconcile(self, row: ClaimedRow, envelope: Envelope) -> Outcome | NotFound:
-        return await self._get(row, envelope, suffix="-get")
+        return scrubbed(await self._get(row, envelope, suffix="-get"), self._pieces)
 
     async def check(self) -> tuple[bool, str]:
         """GET the manifest: it needs the bearer token where the server has one."""
         answer = await self._exchange("GET", MANIFEST_PATH, None, "relayd-check")
         if isinstance(answer, SinkDown):
-            return False, f"unreachable: {answer.error}"
+            return False, f"unreachable: {scrubbed(answer, self._pieces).error}"
         if answer.status in (401, 403):
             return False, f"HTTP {answer.status}: not authorised (check sink.token_file)"
         if answer.status != 200:
@@ -341,7 +352,7 @@ class OjsSink:
         if self._session is None:
             raise RuntimeError("OjsSink.start() was not called")
         headers = {"X-Request-Id": rid}
-        token = self._bearer()
+        token = await self._bearer()
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         if body is not None:
@@ -349,17 +360,19 @@ class OjsSink:
         # Unless an answer or a transport failure says otherwise, the exchange was cut by
         # the attempt's deadline (a cancellation, which is not ours to swallow).
         code = "timeout"
+        answered = False
         try:
             async with self._session.request(
                 method, self._url + path, data=body, headers=headers, allow_redirects=False
             ) as response:
+                answered = True
                 content = await _read_body(response.content)
                 code = str(response.status)
                 if response.status in (401, 403) and self._token_file is not None:
                     # Refused: the operator may have rotated the token; the next request
                     # (the breaker's probe) sends the file's new one. This answer can only
                     # echo the token it was sent, which is redacted already.
-                    self._token_file.refresh()
+                    await self._token_file.refresh()
                 if not 200 <= response.status < 300:
                     # Error text may reach logs and last_error; a server or proxy that
                     # echoes our Authorization header must not put the token there.
@@ -368,18 +381,28 @@ class OjsSink:
         except aiohttp.ClientError as exc:
             code = "error"
             return classify_exception(exc)
+        except (ValueError, TypeError) as exc:
+            # aiohttp refuses to build some requests (a control character in a header
+            # value, a URL it cannot encode) with a plain ValueError, before any byte is
+            # sent. A request that cannot be built would fail for every row alike: a
+            # sink-wide failure, never a worker's crash. After an answer, it is our bug.
+            if answered:
+                raise
+            code = "error"
+            return unbuildable(exc)
         finally:
             if self._observe is not None:
                 self._observe(method, code)
 
-    def _bearer(self) -> str | None:
-        """The token to send now: the token file's current one (see TokenFile.value)."""
+    async def _bearer(self) -> str | None:
+        """The token to send now: the token file's current one (see TokenFile.current)."""
         if self._token_file is not None:
-            token = self._token_file.value
+            token = await self._token_file.current()
             if token != self._token:
                 self._token = token
                 forms = {*self._secrets, *secret_forms(token)}
                 self._secrets = tuple(sorted(forms, key=len, reverse=True))
+                self._pieces = SecretPieces.of(self._secrets)
         return self._token
 
     def _noted(self, outcome: _O, *, write: bool) -> _O:

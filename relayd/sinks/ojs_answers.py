@@ -1,6 +1,7 @@
 """What an OJS server's answers mean, without doing I/O: the classification of every POST,
-GET and batch answer into an outcome value, lenient error bodies, the comparison of a job
-by meaning after a GET (C2), batch planning, and keeping the sink token out of error text.
+GET and batch answer into an outcome value, lenient error bodies (and which bodies are the
+server's verdict on a row at all), the comparison of a job by meaning after a GET (C2), batch
+planning, and keeping the sink token, or any piece of it, out of error text.
 
 Everything here is a pure function of its arguments and is tested as a table
 (tests/unit/test_classify.py); `relayd/sinks/ojs.py` moves the bytes. The OJS facts these
@@ -9,11 +10,13 @@ rules follow are in docs/ojs.md.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import aiohttp
 import msgspec
@@ -40,9 +43,26 @@ JOBS_PATH = "/ojs/v1/jobs"
 BATCH_PATH = "/ojs/v1/jobs/batch"
 MANIFEST_PATH = "/ojs/manifest"
 _BATCH_OVERHEAD_BYTES = len(b'{"jobs":[]}')
+_Scrubbable = TypeVar("_Scrubbable", bound="Outcome | NotFound | Reconcile")
 _MESSAGE_CHARS = 200
 # The SCREAMING_SNAKE error taxonomy some OJS documents use, mapped onto the servers' codes.
 _ALIASES = {"duplicate_job": "duplicate"}
+# An OJS error code: `invalid_request`, `DUPLICATE_JOB`, `PayloadTooLarge`, `x_custom`. A
+# framework's `"error": "Bad Request"` is a reason phrase, not a code.
+_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# How much of a body that is not an OJS error reaches last_error and logs, and how much of
+# it is looked at to find that much text (an HTML page's markup is dropped).
+_EXCERPT_CHARS = 120
+_EXCERPT_SCAN_BYTES = 4096
+_MARKUP = re.compile(r"<[^>]*>")
+_SPACES = re.compile(r"\s+")
+# The statuses with which an OJS server refuses a row as invalid: its verdict on the row
+# only when it says so in its own error format (`SinkError.ojs`).
+_ROW_VERDICTS = {
+    400: DeadReason.SINK_REJECTED,
+    413: DeadReason.SINK_TOO_LARGE,
+    422: DeadReason.SINK_UNPROCESSABLE,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +74,19 @@ class Response:
 
 @dataclass(frozen=True, slots=True)
 class SinkError:
-    """An error body, parsed leniently (wrapped, unwrapped or a bare string code)."""
+    """An error body, parsed leniently (wrapped, unwrapped or a bare string code).
+
+    `ojs` says whether the body is an OJS error at all (docs/ojs.md#error-bodies): a JSON
+    object whose error (`error` if it is an object, else the top level) has a code (a word
+    such as `invalid_request`, or `error` itself as such a string) and a string `message`.
+    Only such a body is the server's verdict on a row; a plain-text, HTML or other JSON
+    body comes from an HTTP layer or a proxy in front of it and speaks of the request.
+    """
 
     code: str | None
     message: str | None
     details: Mapping[str, Any]
+    ojs: bool = False
 
     def describe(self, status: int) -> str:
         parts = [f"HTTP {status}"]
@@ -94,7 +122,36 @@ def parse_error(body: bytes) -> SinkError:
         code=_ALIASES.get(normal, normal) if normal else None,
         message=message if isinstance(message, str) else None,
         details=details if isinstance(details, dict) else {},
+        ojs=_is_code(code) and isinstance(message, str),
     )
+
+
+def _is_code(value: object) -> bool:
+    return isinstance(value, str) and _CODE.fullmatch(value) is not None
+
+
+def excerpt(body: bytes) -> str:
+    """The start of a body that is not an OJS error, as one short line of text: an HTML
+    page's markup dropped, control characters and runs of whitespace made one space."""
+    text = _MARKUP.sub(" ", body[:_EXCERPT_SCAN_BYTES].decode("utf-8", "replace"))
+    text = "".join(char if char.isprintable() else " " for char in text)
+    text = _SPACES.sub(" ", text).strip()
+    return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."
+
+
+def _not_a_verdict(status: int, error: SinkError, body: bytes, prefix: str) -> SinkDown:
+    """A 4xx that is not the OJS server's verdict on the row: it speaks of the request (a
+    header too large, a proxy's refusal), so it would refuse any row. Sink-wide, for the
+    breaker; never a dead letter."""
+    if error.ojs:
+        text = prefix + error.describe(status)
+    else:
+        shown = excerpt(body)
+        text = f"{prefix}HTTP {status}, not an OJS error body" + (f": {shown}" if shown else "")
+    if status == 431:
+        # relayd's only header of any size is the token.
+        return SinkDown(f"{text} (check sink.token_file: headers too large)", severe=True)
+    return SinkDown(text)
 
 
 def _job_of(body: bytes) -> dict[str, Any] | None:
@@ -122,23 +179,26 @@ def classify_post(response: Response, event_id: str) -> Outcome | Reconcile:
     if status == 409:
         existing = error.details.get("existing_job_id")
         return Reconcile(text, existing if isinstance(existing, str) else None)
-    if status == 400:
-        return DeadLetter(DeadReason.SINK_REJECTED, text)
-    if status == 413:
-        return DeadLetter(DeadReason.SINK_TOO_LARGE, text)
-    if status == 422:
-        return DeadLetter(DeadReason.SINK_UNPROCESSABLE, text)
-    return _failure(status, text, parse_retry_after(response.retry_after), method="POST")
+    reason = _ROW_VERDICTS.get(status)
+    if reason is not None and error.ojs:
+        return DeadLetter(reason, text)
+    return _failure(response, error, method="POST")
 
 
-def _failure(status: int, text: str, retry_after_s: float | None, *, method: str) -> Outcome:
+def _failure(response: Response, error: SinkError, *, method: str) -> Outcome:
     """Statuses that say nothing about the row itself."""
+    status = response.status
+    prefix = "GET: " if method == "GET" else ""
+    text = prefix + error.describe(status)
+    retry_after_s = parse_retry_after(response.retry_after)
     if status in (401, 403):
         return SinkDown(f"{text} (check sink.token_file)", severe=True)
     if (status in (404, 405) and method == "POST") or status == 415 or 300 <= status < 400:
         return SinkDown(f"{text} (check sink.url)", severe=True)
     if status in (408, 429) or status >= 500:
         return SinkDown(text, retry_after_s=retry_after_s)
+    if 400 <= status < 500 and (not error.ojs or status == 431):
+        return _not_a_verdict(status, error, response.body, prefix)
     return RetryLater(text, retry_after_s)
 
 
@@ -157,13 +217,7 @@ def classify_get(response: Response, envelope: Envelope) -> Outcome | NotFound:
                 f"the sink holds a different job under this id ({', '.join(diff)} differ)",
             )
         return Published(sink_state=str(job.get("state") or "unknown"), reconciled=True)
-    error = parse_error(response.body)
-    return _failure(
-        response.status,
-        "GET: " + error.describe(response.status),
-        parse_retry_after(response.retry_after),
-        method="GET",
-    )
+    return _failure(response, parse_error(response.body), method="GET")
 
 
 def differences(envelope: Envelope, job: Mapping[str, Any]) -> list[str]:
@@ -188,6 +242,17 @@ def differences(envelope: Envelope, job: Mapping[str, Any]) -> list[str]:
     if envelope.tags is not None and not equal(job.get("tags"), envelope.tags):
         found.append("tags")
     return found
+
+
+def unbuildable(exc: BaseException) -> SinkDown:
+    """The HTTP client refused to build the request (a header or URL it will not send). The
+    text names the exception's type only: its message may quote the header value."""
+    return SinkDown(
+        f"the request could not be built ({type(exc).__name__}; check sink.token_file and "
+        "sink.url)",
+        reached=False,
+        severe=True,
+    )
 
 
 def classify_exception(exc: BaseException) -> SinkDown:
@@ -225,9 +290,9 @@ class BatchAccepted:
 
 @dataclass(frozen=True, slots=True)
 class BatchDrop:
-    """400/422 naming item `index`: that row is dead-lettered. The items before it may have
-    been stored by a server that stores one by one, so they are reconciled before they are
-    sent again; the items after it were not stored."""
+    """400/422 with an OJS error body naming item `index`: that row is dead-lettered. The
+    items before it may have been stored by a server that stores one by one, so they are
+    reconciled before they are sent again; the items after it were not stored."""
 
     index: int
     dead: DeadLetter
@@ -235,7 +300,9 @@ class BatchDrop:
 
 @dataclass(frozen=True, slots=True)
 class BatchSplit:
-    """413, or 400/422 naming no item: the body as a whole was refused; send it in halves."""
+    """413 (whoever says it: the body is too large for the server or a proxy), or 400/422
+    with an OJS error body naming no item: the body as a whole was refused; send it in
+    halves."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,13 +328,15 @@ def classify_batch(response: Response, chunk: Sequence[ClaimedRow]) -> BatchVerd
         return BatchAccepted(_batch_accepted(chunk, response.body))
     if status in (404, 405):
         return BatchNotServed()
-    error = parse_error(response.body)
-    index = _index(error.details.get("index"), len(chunk))
-    if status in (400, 422) and index is not None:
-        reason = DeadReason.SINK_REJECTED if status == 400 else DeadReason.SINK_UNPROCESSABLE
-        return BatchDrop(index, DeadLetter(reason, error.describe(status)))
-    if status in (400, 413, 422):
+    if status == 413:
         return BatchSplit()
+    error = parse_error(response.body)
+    if status in (400, 422) and error.ojs:
+        index = _index(error.details.get("index"), len(chunk))
+        if index is None:
+            return BatchSplit()
+        return BatchDrop(index, DeadLetter(_ROW_VERDICTS[status], error.describe(status)))
+    # Without an OJS body a 400 or 422 is not about an item (classify_post: sink-wide).
     failed = classify_post(response, "")
     if isinstance(failed, SinkDown | RetryLater):
         return BatchFailed(failed)
@@ -380,3 +449,58 @@ def redact(body: bytes, secrets: Sequence[bytes]) -> bytes:
     for secret in secrets:
         body = body.replace(secret, b"***")
     return body
+
+
+# A run of at least this many characters of a token is a piece of it. A server may echo a
+# header cut short (aiohttp's "Got more than 8190 bytes when reading: b'Bearer ...'" shows
+# its first hundred characters), which no whole-token replacement finds.
+_PIECE_CHARS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class SecretPieces:
+    """What text must not show of the tokens a sink sent: each form whole (`secret_forms`),
+    and every run of _PIECE_CHARS characters of each."""
+
+    whole: tuple[str, ...] = ()
+    runs: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, forms: Sequence[bytes]) -> SecretPieces:
+        texts = tuple(form.decode("utf-8", "replace") for form in forms)
+        runs = {
+            text[start : start + _PIECE_CHARS]
+            for text in texts
+            for start in range(len(text) - _PIECE_CHARS + 1)
+        }
+        return cls(whole=texts, runs=frozenset(runs))
+
+    def scrub(self, text: str) -> str:
+        """`text` with each token form, and each run made of pieces of one, as `***`."""
+        for form in self.whole:
+            text = text.replace(form, "***")
+        size = _PIECE_CHARS
+        start = 0
+        while start + size <= len(text):
+            if text[start : start + size] not in self.runs:
+                start += 1
+                continue
+            end = start + size
+            while end < len(text) and text[end - size + 1 : end + 1] in self.runs:
+                end += 1
+            text = text[:start] + "***" + text[end:]
+            start += 3
+        return text
+
+
+def scrubbed(outcome: _Scrubbable, secrets: SecretPieces) -> _Scrubbable:
+    """The outcome with its error text scrubbed of every piece of a token (the last guard
+    before the text reaches last_error and logs)."""
+    error = getattr(outcome, "error", None)
+    if not error or not secrets.whole:
+        return outcome
+    clean = secrets.scrub(error)
+    if clean == error:
+        return outcome
+    changed: _Scrubbable = dataclasses.replace(cast(Any, outcome), error=clean)
+    return changed

@@ -4,6 +4,8 @@ and the comparison by meaning after a GET (docs/contract.md#c2)."""
 from __future__ import annotations
 
 import json
+import random
+import string
 import sys
 from decimal import Decimal
 from typing import Any
@@ -31,6 +33,7 @@ from relayd.sinks.ojs_answers import (
     BatchSplit,
     BatchVerdict,
     Response,
+    SecretPieces,
     classify_batch,
     classify_exception,
     classify_get,
@@ -110,7 +113,8 @@ def _err(code: str, **details: Any) -> dict[str, Any]:
         ),
         (_answer(500, _err("internal_error")), SinkDown("HTTP 500: internal_error: m")),
         (_answer(503, b"upstream down"), SinkDown("HTTP 503")),
-        (_answer(418, b""), RetryLater("HTTP 418")),
+        (_answer(418, b""), SinkDown("HTTP 418, not an OJS error body")),
+        (_answer(418, _err("teapot")), RetryLater("HTTP 418: teapot: m")),
     ],
 )
 def test_classify_post(answer: Response, expected: object) -> None:
@@ -159,7 +163,11 @@ def test_get_mismatch_is_a_conflict() -> None:
         (_answer(200, b"garbage"), RetryLater("GET: HTTP 200 with an unreadable body")),
         (_answer(503, b""), SinkDown("GET: HTTP 503")),
         (_answer(403, b""), SinkDown("GET: HTTP 403 (check sink.token_file)", severe=True)),
-        (_answer(404 + 1, b""), RetryLater("GET: HTTP 405")),
+        (
+            _answer(405, _err("method_not_allowed")),
+            RetryLater("GET: HTTP 405: method_not_allowed: m"),
+        ),
+        (_answer(405, b""), SinkDown("GET: HTTP 405, not an OJS error body")),
     ],
 )
 def test_classify_get_failures(answer: Response, expected: object) -> None:
@@ -356,7 +364,7 @@ def _listed(*rows: ClaimedRow, state: str = "available") -> dict[str, Any]:
         (_answer(400, _err("invalid_request", index=True)), BatchSplit()),  # not an index
         (_answer(400, _err("invalid_request")), BatchSplit()),
         (_answer(413, _err("invalid_request")), BatchSplit()),
-        (_answer(422, b"too big"), BatchSplit()),
+        (_answer(413, b"<html>too big</html>"), BatchSplit()),  # a proxy's bound: halves fit
         (_answer(404, _err("not_found")), BatchNotServed()),
         (_answer(405, b""), BatchNotServed()),
         (
@@ -382,3 +390,179 @@ def test_classify_batch(answer: Response, expected: BatchVerdict) -> None:
     """Each batch answer maps to one verdict: accepted, drop item i, split, not served, or
     failed (every row ambiguous)."""
     assert classify_batch(answer, BATCH) == expected
+
+
+# --- whose verdict a 4xx is (item 4 of issue 17) ------------------------------------------
+
+# What aiohttp's HTTP layer answers a request whose header is over its 8190-byte bound: the
+# request's fault, said before any OJS handler ran.
+_LINE_TOO_LONG = (
+    b"400, message:\n  Got more than 8190 bytes when reading: b'Bearer xxxxxxxxxxxxxxxx...'."
+)
+_NGINX_400 = (
+    b"<html>\r\n<head><title>400 Bad Request</title></head>\r\n<body>\r\n<center><h1>400 Bad "
+    b"Request</h1></center>\r\n<hr><center>nginx</center>\r\n</body>\r\n</html>\r\n"
+)
+_NGINX_413 = _NGINX_400.replace(b"400 Bad Request", b"413 Request Entity Too Large")
+# JSON that is not an OJS error: an API gateway's, a Java framework's (whose "error" is a
+# reason phrase, not a code), a numeric code, a code without a message, an empty object.
+_NOT_OJS_JSON = [
+    {"message": "Bad Request"},
+    {"timestamp": "2026-01-01T00:00:00Z", "status": 400, "error": "Bad Request", "path": "/"},
+    {"code": 400, "message": "Bad Request"},
+    {"error": {"code": "invalid_request"}},
+    {"error": {"message": "no code"}},
+]
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (
+            _answer(400, _LINE_TOO_LONG),
+            SinkDown(
+                "HTTP 400, not an OJS error body: 400, message: Got more than 8190 bytes when "
+                "reading: b'Bearer xxxxxxxxxxxxxxxx...'."
+            ),
+        ),
+        (
+            _answer(400, _NGINX_400),
+            SinkDown("HTTP 400, not an OJS error body: 400 Bad Request 400 Bad Request nginx"),
+        ),
+        (
+            _answer(413, _NGINX_413),
+            SinkDown(
+                "HTTP 413, not an OJS error body: 413 Request Entity Too Large 413 Request "
+                "Entity Too Large nginx"
+            ),
+        ),
+        (
+            _answer(422, b"unprocessable"),
+            SinkDown("HTTP 422, not an OJS error body: unprocessable"),
+        ),
+        (_answer(400, b""), SinkDown("HTTP 400, not an OJS error body")),
+        (
+            _answer(431, b"Request Header Fields Too Large"),
+            SinkDown(
+                "HTTP 431, not an OJS error body: Request Header Fields Too Large (check "
+                "sink.token_file: headers too large)",
+                severe=True,
+            ),
+        ),
+        (
+            _answer(431, _err("invalid_request")),
+            SinkDown(
+                "HTTP 431: invalid_request: m (check sink.token_file: headers too large)",
+                severe=True,
+            ),
+        ),
+        (
+            _answer(451, b"\x1b]52;c;aGk=\x07blocked"),
+            SinkDown("HTTP 451, not an OJS error body: ]52;c;aGk= blocked"),
+        ),
+        *[
+            (_answer(400, body), SinkDown(f"HTTP 400, not an OJS error body: {json.dumps(body)}"))
+            for body in _NOT_OJS_JSON
+        ],
+        # The sink's own verdicts, in each shape docs/ojs.md#error-bodies lists.
+        (
+            _answer(400, _err("invalid_request", field="args")),
+            DeadLetter(DeadReason.SINK_REJECTED, "HTTP 400: invalid_request: m"),
+        ),
+        (
+            _answer(400, {"code": "SCHEMA_VALIDATION", "message": "args: not an array"}),
+            DeadLetter(DeadReason.SINK_REJECTED, "HTTP 400: schema_validation: args: not an array"),
+        ),
+        (
+            _answer(413, {"error": "PayloadTooLarge", "message": "args over 1 MiB"}),
+            DeadLetter(DeadReason.SINK_TOO_LARGE, "HTTP 413: payloadtoolarge: args over 1 MiB"),
+        ),
+        (
+            _answer(422, _err("x_tenant_quota")),
+            DeadLetter(DeadReason.SINK_UNPROCESSABLE, "HTTP 422: x_tenant_quota: m"),
+        ),
+    ],
+)
+def test_a_4xx_is_the_rows_fault_only_in_the_sinks_own_error_format(
+    answer: Response, expected: object
+) -> None:
+    """A 400/413/422 dead-letters the row only with an OJS error body (a code and a
+    message); plain text, HTML, other JSON and 431 are sink-wide, for the breaker, with a
+    short one-line excerpt."""
+    assert classify_post(answer, ID) == expected
+
+
+@pytest.mark.parametrize("body", [_LINE_TOO_LONG, _NGINX_400, b"", *map(json.dumps, _NOT_OJS_JSON)])
+def test_a_get_refused_by_an_http_layer_is_sink_wide(body: str | bytes) -> None:
+    """The GET that opens a re-attempt meets the same refusal: sink-wide, not a row-level
+    retry that uses up the row's attempts and tells the breaker the sink is fine."""
+    raw = body.encode() if isinstance(body, str) else body
+    outcome = classify_get(_answer(400, raw), _envelope())
+    assert isinstance(outcome, SinkDown)
+    assert outcome.error.startswith("GET: HTTP 400, not an OJS error body")
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (
+            _answer(400, _LINE_TOO_LONG),
+            BatchFailed(
+                SinkDown(
+                    "HTTP 400, not an OJS error body: 400, message: Got more than 8190 bytes "
+                    "when reading: b'Bearer xxxxxxxxxxxxxxxx...'."
+                )
+            ),
+        ),
+        (
+            _answer(422, _NGINX_400),
+            BatchFailed(
+                SinkDown("HTTP 422, not an OJS error body: 400 Bad Request 400 Bad Request nginx")
+            ),
+        ),
+        (
+            # An "index" outside an OJS error is not an item named by the sink.
+            _answer(400, {"message": "Bad Request", "details": {"index": 1}}),
+            BatchFailed(
+                SinkDown(
+                    'HTTP 400, not an OJS error body: {"message": "Bad Request", "details": '
+                    '{"index": 1}}'
+                )
+            ),
+        ),
+        (
+            _answer(431, b""),
+            BatchFailed(
+                SinkDown(
+                    "HTTP 431, not an OJS error body (check sink.token_file: headers too large)",
+                    severe=True,
+                )
+            ),
+        ),
+        (_answer(413, _NGINX_413), BatchSplit()),
+    ],
+)
+def test_a_batch_refused_by_an_http_layer_is_neither_dropped_nor_split(
+    answer: Response, expected: BatchVerdict
+) -> None:
+    """A batch 400/422 without an OJS body drops no item and is not split to find a poison
+    item: every row gets the sink-wide outcome. A 413 is about size whoever says it: halves."""
+    assert classify_batch(answer, BATCH) == expected
+
+
+def test_a_truncated_echo_of_the_token_is_scrubbed() -> None:
+    """An HTTP layer that echoes the start of an oversized header (aiohttp shows about 100
+    characters of it) leaves no run of 8 characters of the token in the text; a token
+    shorter than that goes whole."""
+    rng = random.Random(17)
+    token = "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(16384))
+    pieces = SecretPieces.of(secret_forms(token))
+    echoed = f"HTTP 400, not an OJS error body: Got more than 8190 bytes: b'Bearer {token[:93]}..."
+    clean = pieces.scrub(echoed)
+    assert clean == "HTTP 400, not an OJS error body: Got more than 8190 bytes: b'Bearer ***..."
+    assert not any(token[i : i + 8] in clean for i in range(len(token) - 7))
+    tail = f"the end of it: {token[-40:]}; the middle: {token[5000:5030]}."
+    assert pieces.scrub(tail) == "the end of it: ***; the middle: ***."
+    short = SecretPieces.of(secret_forms("k3y"))
+    assert short.scrub("bad key k3y") == "bad key ***"
+    assert SecretPieces.of(()).scrub("nothing to hide") == "nothing to hide"

@@ -279,7 +279,10 @@ def test_settings_built_directly_read_their_secret_files(tmp_path: Path) -> None
             '[database]\ndsn_file = "/nonexistent/dsn"\n',
             "database.dsn_file: cannot read /nonexistent/dsn: No such file or directory",
         ),
-        ('[database]\ndsn_file = "/dev/null"\n', "database.dsn_file: /dev/null is empty"),
+        (
+            '[database]\ndsn_file = "/dev/null"\n',
+            "database.dsn_file: /dev/null is a character device, not a regular file",
+        ),
         (
             '[sink]\nca_file = "/nonexistent/ca"\n',
             "sink.ca_file: not a readable file: /nonexistent/ca",

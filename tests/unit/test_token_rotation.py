@@ -1,6 +1,8 @@
 """The sink's bearer token follows sink.token_file when an operator rotates it: looked at no
-more than once a second and at once after a 401/403; an unusable file keeps the token in use
-with one warning; no token, old or new, reaches a log or an error text."""
+more than once a second (off the event loop) and at once after a 401/403; an unusable file
+(unreadable, empty, not a regular file, too large, or not a token that can be sent) keeps the
+token in use with one warning; no token, old or new, reaches a log or an error text; a
+request that cannot be built is a sink-wide outcome, never an exception."""
 
 from __future__ import annotations
 
@@ -12,13 +14,15 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import structlog
+from pydantic import SecretStr
 
 from relayd.config import SinkSettings
 from relayd.models import Envelope, Outcome, Published, SinkDown
 from relayd.sinks.ojs import OjsSink
 from relayd.testing.emulator import EmulatorConfig, FaultRule, RunningEmulator, start_emulator
-from relayd.token_file import TokenFile
+from relayd.token_file import SECRET_MAX_BYTES, TokenFile
 from tests.support import SinkHealthRecord, claimed
 
 OLD = "old-token-7Qk2"  # test tokens, not credentials
@@ -49,74 +53,74 @@ def _leaks(logs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 # --- TokenFile ---------------------------------------------------------------------------
 
 
-def test_the_file_is_looked_at_once_per_interval(tmp_path: Path) -> None:
+async def test_the_file_is_looked_at_once_per_interval(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text(OLD + "\n")
     clock = _Clock()
     token = TokenFile(path, OLD, clock=clock)
-    assert token.value == OLD
+    assert await token.current() == OLD
     rotate(path, NEW + "\n")
     clock.now += 0.999
-    assert token.value == OLD  # not looked at yet
+    assert await token.current() == OLD  # not looked at yet
     clock.now += 0.001
     with structlog.testing.capture_logs() as logs:
-        assert token.value == NEW
+        assert await token.current() == NEW
     assert [entry["event"] for entry in logs] == ["sink.token_reloaded"]
     assert not _leaks(logs)
 
 
-def test_refresh_looks_at_once(tmp_path: Path) -> None:
+async def test_refresh_looks_at_once(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text(OLD)
     clock = _Clock()
     token = TokenFile(path, OLD, clock=clock)
-    assert token.value == OLD
+    assert await token.current() == OLD
     rotate(path, NEW)
-    assert token.refresh() is True
-    assert token.value == NEW
-    assert token.refresh() is False  # nothing changed since
+    assert await token.refresh() is True
+    assert await token.current() == NEW
+    assert await token.refresh() is False  # nothing changed since
 
 
-def test_the_first_look_reads_the_file_whatever_it_held_at_load(tmp_path: Path) -> None:
+async def test_the_first_look_reads_the_file_whatever_it_held_at_load(tmp_path: Path) -> None:
     """The file may have been rotated between the configuration's load and the first use."""
     path = tmp_path / "token"
     path.write_text(NEW)
-    assert TokenFile(path, OLD, clock=_Clock()).value == NEW
+    assert await TokenFile(path, OLD, clock=_Clock()).current() == NEW
 
 
-def test_a_rewrite_with_the_same_token_changes_nothing(tmp_path: Path) -> None:
+async def test_a_rewrite_with_the_same_token_changes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text(OLD)
     token = TokenFile(path, OLD, clock=_Clock())
-    assert token.value == OLD
+    assert await token.current() == OLD
     rotate(path, f"  {OLD}\n")
     with structlog.testing.capture_logs() as logs:
-        assert token.refresh() is False
+        assert await token.refresh() is False
     assert logs == []
-    assert token.value == OLD
+    assert await token.current() == OLD
 
 
-def test_an_unusable_file_keeps_the_token_and_warns_once(tmp_path: Path) -> None:
+async def test_an_unusable_file_keeps_the_token_and_warns_once(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text(OLD)
     clock = _Clock()
     token = TokenFile(path, OLD, clock=clock)
     with structlog.testing.capture_logs() as logs:
-        assert token.value == OLD
+        assert await token.current() == OLD
         rotate(path, "\n")  # empty
-        assert token.refresh() is False
+        assert await token.refresh() is False
         clock.now += 5
-        assert token.value == OLD
+        assert await token.current() == OLD
         path.unlink()  # gone
-        assert token.refresh() is False
+        assert await token.refresh() is False
         path.write_bytes(b"\xff\xfe")  # not UTF-8
-        assert token.refresh() is False
-        assert token.value == OLD
+        assert await token.refresh() is False
+        assert await token.current() == OLD
         rotate(path, NEW)
-        assert token.refresh() is True
-        assert token.value == NEW
+        assert await token.refresh() is True
+        assert await token.current() == NEW
         rotate(path, "")  # unusable again: a new episode, a new warning
-        assert token.refresh() is False
+        assert await token.refresh() is False
     events = [(entry["event"], entry["log_level"]) for entry in logs]
     assert events == [
         ("sink.token_unreadable", "warning"),
@@ -126,21 +130,82 @@ def test_an_unusable_file_keeps_the_token_and_warns_once(tmp_path: Path) -> None
     ]
     assert "is empty" in logs[0]["error"]
     assert str(path) == logs[0]["path"]
-    assert token.value == NEW
+    assert await token.current() == NEW
     assert not _leaks(logs)
 
 
-def test_an_unchanged_signature_is_not_read_again(tmp_path: Path) -> None:
+async def test_an_unchanged_signature_is_not_read_again(tmp_path: Path) -> None:
     """A look is a stat: the file is read again only when its (mtime, size, inode) moved."""
     path = tmp_path / "token"
     path.write_text(OLD)
     token = TokenFile(path, OLD, clock=_Clock())
-    assert token.value == OLD
+    assert await token.current() == OLD
     stat = path.stat()
     path.write_text(NEW)  # in place, the same size; then the old mtime put back
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert token.refresh() is False
-    assert token.value == OLD
+    assert await token.refresh() is False
+    assert await token.current() == OLD
+
+
+@pytest.mark.parametrize(
+    "rotated",
+    [f"{NEW}\n# rotated by ops\n", f"{NEW}\rX", f"{NEW}\x00X", f"{NEW} X", f"{NEW}\u00e9"],
+)
+async def test_a_rotated_token_that_cannot_be_sent_keeps_the_previous_one(
+    tmp_path: Path, rotated: str
+) -> None:
+    """Item 1: a token plus a comment line, a CR, a NUL, inner whitespace or a non-ASCII
+    character is not taken: the previous token stays, with one warning that shows neither."""
+    path = tmp_path / "token"
+    path.write_text(OLD)
+    token = TokenFile(path, OLD, clock=_Clock())
+    with structlog.testing.capture_logs() as logs:
+        rotate(path, rotated)
+        assert await token.refresh() is False
+        assert await token.current() == OLD
+        assert await token.refresh() is False  # still refused: no second warning
+    assert [entry["event"] for entry in logs] == ["sink.token_unreadable"]
+    assert "does not hold a bearer token" in logs[0]["error"]
+    assert not _leaks(logs)
+
+
+def _swap_in_fifo(path: Path) -> None:
+    fifo = path.with_name("fifo")
+    os.mkfifo(fifo)
+    os.replace(fifo, path)
+
+
+def _swap_in_a_large_file(path: Path) -> None:
+    rotate(path, "a" * (SECRET_MAX_BYTES + 1))
+
+
+@pytest.mark.timeout(10)  # the code before the fix blocks on the FIFO: fail, do not hang
+@pytest.mark.parametrize(
+    ("swap", "error"),
+    [
+        (_swap_in_fifo, "is a FIFO, not a regular file"),
+        (_swap_in_a_large_file, f"is larger than {SECRET_MAX_BYTES} bytes"),
+    ],
+)
+async def test_a_token_file_swapped_for_a_fifo_or_a_huge_file_is_not_read(
+    tmp_path: Path, swap: object, error: str
+) -> None:
+    """Item 3: a FIFO swapped in for the token file is refused without being read (it would
+    block the reader), and so is a file over the bound: the token in use stays, one warning.
+    /dev/zero is met by processes with a bounded address space (test_secret_files.py, the
+    fault suite), never by this one."""
+    assert callable(swap)
+    path = tmp_path / "token"
+    path.write_text(OLD)
+    token = TokenFile(path, OLD, clock=_Clock())
+    with structlog.testing.capture_logs() as logs:
+        swap(path)
+        assert await token.refresh() is False
+        assert await token.current() == OLD
+    assert [entry["event"] for entry in logs] == ["sink.token_unreadable"]
+    assert error in logs[0]["error"]
+    rotate(path, NEW)
+    assert await token.refresh() is True
 
 
 # --- the sink against the emulator -------------------------------------------------------
@@ -230,7 +295,12 @@ async def test_a_rotation_is_picked_up_within_a_second_without_a_refusal(
     assert health.ok == 2
 
 
-async def test_an_unusable_token_file_keeps_the_token_in_use(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "rotated", ["", f"{NEW}\n# rotated on Tuesday\n"], ids=["empty", "comment"]
+)
+async def test_an_unusable_token_file_keeps_the_token_in_use(tmp_path: Path, rotated: str) -> None:
+    """An empty file, or (item 1) a token plus a comment line, which used to raise out of
+    the sink at the next request: the previous token is still sent, and accepted."""
     path = tmp_path / "token"
     path.write_text(OLD)
     clock, health = _Clock(), SinkHealthRecord()
@@ -240,12 +310,13 @@ async def test_an_unusable_token_file_keeps_the_token_in_use(tmp_path: Path) -> 
             _sink(emulator, path, clock, health) as sink,
         ):
             assert isinstance((await _publish(sink))[1], Published)
-            rotate(path, "")
+            rotate(path, rotated)
             for _ in range(3):
                 clock.now += 1
                 assert isinstance((await _publish(sink))[1], Published)
     assert [entry["event"] for entry in logs] == ["sink.token_unreadable"]
     assert not _leaks(logs)
+    assert health.failed == 0
 
 
 async def test_an_echoed_token_is_redacted_the_rotated_out_one_too(tmp_path: Path) -> None:
@@ -268,3 +339,25 @@ async def test_an_echoed_token_is_redacted_the_rotated_out_one_too(tmp_path: Pat
     assert OLD not in refused.error
     assert NEW not in refused.error
     assert "***" in refused.error
+
+
+async def test_a_request_that_cannot_be_built_is_a_sink_wide_outcome(tmp_path: Path) -> None:
+    """Item 1, the class: whatever makes aiohttp refuse to build a request (here a header
+    value with a line break, slipped past the load-time check) is a severe sink-wide outcome
+    that never reached the server, with no token in its text: never an exception."""
+    clock, health = _Clock(), SinkHealthRecord()
+    async with await start_emulator(EmulatorConfig()) as emulator:
+        settings = SinkSettings(url=emulator.url, batch="off")
+        settings._token = SecretStr(f"{OLD}\n{NEW}")
+        async with _sink(emulator, tmp_path / "unused", clock, health, settings) as sink:
+            _, first = await _publish(sink)
+            _, second = await _publish(sink)
+        assert emulator.emulator.ledger() == {}
+    for outcome in (first, second):
+        assert isinstance(outcome, SinkDown)
+        assert (outcome.reached, outcome.severe) == (False, True)
+        assert "could not be built" in outcome.error
+        assert OLD not in outcome.error
+        assert NEW not in outcome.error
+    assert health.failed == 2
+    assert all(health.severities)
