@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -18,7 +17,7 @@ from relayd.operator_models import (
     RowOutcome,
     RowResult,
 )
-from relayd.store.connection import _CONNECTION_GONE, _translated
+from relayd.store.connection import _translated
 from relayd.store.operator import OperatorQueries
 
 
@@ -59,38 +58,23 @@ class HeldQueries(OperatorQueries):
         rows, or the named ids), discard those still held and not in flight, extend the
         action's audit row; a dry run rolls it all back. `audit.reason` is the discard's."""
         reason = audit.reason or ""
-        with _translated("held_batch"):
-            async with self._pool.acquire() as conn:
-                transaction = conn.transaction()
-                await transaction.start()
-                try:
-                    if isinstance(target, HeldPage):
-                        with _translated("held_page"):
-                            page = await conn.fetch(self._q["held_page"], *self._held_args(target))
-                        ids = [r["event_id"] for r in page]
-                        examined = len(page)
-                        after = (page[-1]["available_at"], page[-1]["event_id"]) if page else None
-                    else:
-                        ids, examined, after = list(target), len(target), None
-                    results: list[RowResult] = []
-                    if ids:
-                        with _translated("held_discard"):
-                            records = await conn.fetch(
-                                self._q["held_discard"], ids, reason, str(self.table)
-                            )
-                        results = self._held_results(ids, records)
-                    changed = [r.event_id for r in results if r.outcome.changed]
-                    if changed and not dry_run:
-                        with _translated("audit_insert" if audit_id is None else "audit_extend"):
-                            audit_id = await self._audit(conn, audit, audit_id, changed)
-                except BaseException:
-                    with contextlib.suppress(*_CONNECTION_GONE):
-                        await transaction.rollback()
-                    raise
-                if dry_run:
-                    await transaction.rollback()
-                else:
-                    await transaction.commit()
+        async with self._batch("held_batch", dry_run=dry_run) as conn:
+            if isinstance(target, HeldPage):
+                with _translated("held_page"):
+                    page = await conn.fetch(self._q["held_page"], *self._held_args(target))
+                ids = [r["event_id"] for r in page]
+                examined = len(page)
+                after = (page[-1]["available_at"], page[-1]["event_id"]) if page else None
+            else:
+                ids, examined, after = list(target), len(target), None
+            results: list[RowResult] = []
+            if ids:
+                with _translated("held_discard"):
+                    records = await conn.fetch(
+                        self._q["held_discard"], ids, reason, str(self.table)
+                    )
+                results = self._held_results(ids, records)
+            audit_id = await self._audited(conn, results, audit, audit_id, dry_run=dry_run)
         return DeadLetterBatch(
             results=results, examined=examined, next_after=after, audit_id=audit_id
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -96,27 +96,37 @@ class OperatorQueries(SchemaQueries):
         """
         statement = "dlq_redrive" if action is DlqAction.REDRIVE else "dlq_discard"
         discard_reason = audit.reason if action is DlqAction.DISCARD else None
-        with _translated("dlq_batch"):
+        async with self._batch("dlq_batch", dry_run=dry_run) as conn:
+            if isinstance(target, DeadLetterPage):
+                with _translated("dlq_page"):
+                    page = await conn.fetch(self._q["dlq_page"], *self._page_args(target))
+                ids = [r["event_id"] for r in page if r["selected"]]
+                examined = len(page)
+                after = (page[-1]["dead_at"], page[-1]["event_id"]) if page else None
+            else:
+                ids, examined, after = list(target), len(target), None
+            results = []
+            if ids:
+                with _translated(statement):
+                    results = await self._act(conn, statement, ids, discard_reason)
+            audit_id = await self._audited(conn, results, audit, audit_id, dry_run=dry_run)
+        return DeadLetterBatch(
+            results=results, examined=examined, next_after=after, audit_id=audit_id
+        )
+
+    @contextlib.asynccontextmanager
+    async def _batch(
+        self, name: str, *, dry_run: bool
+    ) -> AsyncIterator[asyncpg.pool.PoolConnectionProxy[asyncpg.Record]]:
+        """One batch of an operator action in its own short transaction, failures translated
+        under `name`: committed, or rolled back for a dry run (which thereby reports exactly
+        what it would do) or a failure."""
+        with _translated(name):
             async with self._pool.acquire() as conn:
                 transaction = conn.transaction()
                 await transaction.start()
                 try:
-                    if isinstance(target, DeadLetterPage):
-                        with _translated("dlq_page"):
-                            page = await conn.fetch(self._q["dlq_page"], *self._page_args(target))
-                        ids = [r["event_id"] for r in page if r["selected"]]
-                        examined = len(page)
-                        after = (page[-1]["dead_at"], page[-1]["event_id"]) if page else None
-                    else:
-                        ids, examined, after = list(target), len(target), None
-                    results = []
-                    if ids:
-                        with _translated(statement):
-                            results = await self._act(conn, statement, ids, discard_reason)
-                    changed = [r.event_id for r in results if r.outcome.changed]
-                    if changed and not dry_run:
-                        with _translated("audit_insert" if audit_id is None else "audit_extend"):
-                            audit_id = await self._audit(conn, audit, audit_id, changed)
+                    yield conn
                 except BaseException:
                     # The connection may be gone too: what it failed with is what matters.
                     with contextlib.suppress(*_CONNECTION_GONE):
@@ -126,9 +136,23 @@ class OperatorQueries(SchemaQueries):
                     await transaction.rollback()
                 else:
                     await transaction.commit()
-        return DeadLetterBatch(
-            results=results, examined=examined, next_after=after, audit_id=audit_id
-        )
+
+    async def _audited(
+        self,
+        conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
+        results: Sequence[RowResult],
+        audit: AuditEntry,
+        audit_id: int | None,
+        *,
+        dry_run: bool,
+    ) -> int | None:
+        """Add a batch's changed rows to its action's audit row (inserted by the first batch
+        that changes anything); a dry run writes none."""
+        changed = [r.event_id for r in results if r.outcome.changed]
+        if changed and not dry_run:
+            with _translated("audit_insert" if audit_id is None else "audit_extend"):
+                return await self._audit(conn, audit, audit_id, changed)
+        return audit_id
 
     async def _act(
         self,

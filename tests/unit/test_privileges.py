@@ -24,7 +24,7 @@ from relayd.privileges import (
 
 ROOT = Path(__file__).resolve().parents[2]
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.M)
-_LABEL = re.compile(r'_translated\(\s*"(\w+)"')
+_LABEL = re.compile(r'(?:_translated|_batch)\(\s*"(\w+)"')
 
 
 def test_every_statement_is_in_the_list() -> None:
