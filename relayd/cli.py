@@ -390,93 +390,9 @@ def _add_operator_commands(
     values, so that a bad one is a single line and exit 2."""
     from relayd import deadletters, held, pauses  # noqa: PLC0415 - kept with the commands it adds
 
-    filters = argparse.ArgumentParser(add_help=False)
-    filters.add_argument(
-        "--queue", help="the effective queue: options.queue, else queue, else default"
-    )
-    filters.add_argument("--type", help="the job's type")
-    filters.add_argument(
-        "--since",
-        metavar="WHEN",
-        help="dead-lettered at or after WHEN: an ISO 8601 time (UTC without an offset) "
-        "or a duration before now (30m, 2h, 7d)",
-    )
-    filters.add_argument("--until", metavar="WHEN", help="dead-lettered before WHEN")
-    filters.add_argument(
-        "--error-contains", metavar="TEXT", help="last_error contains TEXT (any case)"
-    )
-    acting = argparse.ArgumentParser(add_help=False)
-    acting.add_argument("ids", nargs="*", metavar="ID", help="the dead letters, by event_id")
-    acting.add_argument(
-        "--all", action="store_true", help="every dead letter the filters match (not discarded)"
-    )
-    acting.add_argument("--dry-run", action="store_true", help="change nothing; say what would")
-    acting.add_argument("--batch-size", metavar="N", help="rows per transaction (500)")
-    acting.add_argument("--actor", metavar="NAME", help="who acts, for the audit (the OS user)")
-    acting.add_argument("--json", action="store_true", help="machine-readable output")
-
-    dlq = commands.add_parser(
-        "dlq", parents=[common], help="inspect dead letters, redrive or discard them"
-    )
-    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, metavar="COMMAND")
-    dlq_list = dlq_commands.add_parser(
-        "list", parents=[common, filters], help="dead letters, newest first"
-    )
-    dlq_list.add_argument(
-        "--reason", "--dead-reason", dest="dead_reason", metavar="REASON", help="dead_reason"
-    )
-    dlq_list.add_argument("--limit", metavar="N", help="at most N rows (50)")
-    dlq_list.add_argument(
-        "--include-discarded", action="store_true", help="also rows discarded already"
-    )
-    dlq_list.add_argument("--json", action="store_true", help="machine-readable output")
-    dlq_list.set_defaults(handler=deadletters.list_command)
-    dlq_show = dlq_commands.add_parser(
-        "show", parents=[common], help="one dead letter with its envelope"
-    )
-    dlq_show.add_argument("id", metavar="ID", help="its event_id")
-    dlq_show.add_argument("--json", action="store_true", help="machine-readable output")
-    dlq_show.set_defaults(handler=deadletters.show_command)
-    dlq_retry = dlq_commands.add_parser(
-        "retry",
-        parents=[common, filters, acting],
-        help="redrive dead letters: pending again, reconciled with a GET before any POST",
-    )
-    dlq_retry.add_argument(
-        "--reason", "--dead-reason", dest="dead_reason", metavar="REASON", help="dead_reason"
-    )
-    dlq_retry.set_defaults(handler=deadletters.retry_command)
-    dlq_discard = dlq_commands.add_parser(
-        "discard",
-        parents=[common, filters, acting],
-        help="mark dead letters as discarded (kept, out of the dead-letter queue)",
-    )
-    dlq_discard.add_argument(
-        "--reason", dest="discard_reason", metavar="TEXT", help="why (required; audited)"
-    )
-    dlq_discard.add_argument("--dead-reason", metavar="REASON", help="filter on dead_reason")
-    dlq_discard.set_defaults(handler=deadletters.discard_command)
-
+    deadletters.add_commands(commands, common)
     held.add_commands(commands, common)
-
-    pause = commands.add_parser(
-        "pause",
-        parents=[common],
-        help="stop claiming a queue or a job type, or everything, on every relay",
-    )
-    pause.add_argument("--queue", help="one queue (default: every queue)")
-    pause.add_argument("--type", help="one job type (default: every type)")
-    pause.add_argument("--reason", metavar="TEXT", help="why (required; audited)")
-    pause.add_argument("--actor", metavar="NAME", help="who acts, for the audit (the OS user)")
-    pause.add_argument("--json", action="store_true", help="machine-readable output")
-    pause.set_defaults(handler=pauses.pause_command)
-    resume = commands.add_parser("resume", parents=[common], help="lift a pause")
-    resume.add_argument("--queue", help="one queue (default: the pause of every queue)")
-    resume.add_argument("--type", help="one job type (default: the pause of every type)")
-    resume.add_argument("--reason", metavar="TEXT", help="why (optional; audited)")
-    resume.add_argument("--actor", metavar="NAME", help="who acts, for the audit (the OS user)")
-    resume.add_argument("--json", action="store_true", help="machine-readable output")
-    resume.set_defaults(handler=pauses.resume_command)
+    pauses.add_commands(commands, common)
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -33,13 +33,14 @@ from relayd.logs import configure_logging, get_logger
 from relayd.metrics import RelayMetrics
 from relayd.migrate import require_current
 from relayd.reconnect import DatabaseRetry
-from relayd.relay import RelayContext, RelayWorker, store_storm_pauses
+from relayd.relay import RelayContext, RelayWorker
 from relayd.retry import Backoff, BreakerState, CircuitBreaker
 from relayd.sampler import InstanceInfo, Sampler
 from relayd.sinks.ojs import OjsSink
 from relayd.status import build_report, report_json
 from relayd.store import Store
 from relayd.storm import StormGuard
+from relayd.storm_hold import StormHold
 from relayd.wakeup import WorkSignal
 from relayd.web import Readiness, make_app, start_web
 
@@ -78,7 +79,7 @@ class Daemon:
             Backoff(base_s=reconnect.BASE_S, cap_s=reconnect.CAP_S, rng=self._rng), self.metrics
         )
         self.housekeeping = Housekeeping(self.metrics, self._database, self.stopping)
-        self._storm: StormGuard | None = None
+        self._storm: StormHold | None = None
         self._gate: BreakerGate | None = None
         # Set once PostgreSQL answered; until then /readyz and /v1/status say it does not.
         self._store: Store | None = None
@@ -239,7 +240,7 @@ class Daemon:
             (Chore.SAMPLER, sample_s, sampler.sample),
             (Chore.HEARTBEAT, sample_s, sampler.beat),
             # Idle unless the storm guard tripped and could not store its pause at once.
-            (Chore.STORM_PAUSE, settings.relay.poll_interval_s, lambda: store_storm_pauses(ctx)),
+            (Chore.STORM_PAUSE, settings.relay.poll_interval_s, ctx.storm.store_pauses),
         ]
         if settings.cleanup.enabled:
             cleanup = settings.cleanup
@@ -312,8 +313,16 @@ class Daemon:
             rng=self._rng,
         )
         self._gate = BreakerGate(breaker, self.metrics, self.stopping)
-        self._storm = StormGuard(
-            threshold=self.settings.relay.storm_threshold, window=self.settings.relay.storm_window
+        self._storm = StormHold(
+            guard=StormGuard(
+                threshold=self.settings.relay.storm_threshold,
+                window=self.settings.relay.storm_window,
+            ),
+            store=store,
+            metrics=self.metrics,
+            housekeeping=self.housekeeping,
+            actor=f"relayd@{socket.gethostname()}",
+            retry_after_s=retry.cap_s,
         )
         return RelayContext(
             settings=self.settings,
@@ -332,8 +341,6 @@ class Daemon:
             database=self._database,
             storm=self._storm,
             slots=asyncio.Semaphore(self.settings.sink.concurrency),
-            housekeeping=self.housekeeping,
-            actor=f"relayd@{socket.gethostname()}",
             on_idle=self.stop if self._until_idle else None,
         )
 
@@ -350,7 +357,7 @@ class Daemon:
             return "starting"
         if self._gate is not None and self._gate.state is BreakerState.OPEN:
             return "sink circuit breaker open"
-        held = [] if self._storm is None else self._storm.unstored()
+        held = [] if self._storm is None else self._storm.guard.unstored()
         if held:
             # The guard's pause could not be stored: this process holds those rows itself,
             # and the other replicas do not know to.

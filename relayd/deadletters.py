@@ -15,10 +15,10 @@ not met again by the same walk.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
-from typing import TYPE_CHECKING
 
 from relayd.config import load_settings
 from relayd.deadletters_actions import (
@@ -50,9 +50,6 @@ from relayd.operator import (
     resolve_actor,
 )
 from relayd.operator_models import AuditEntry, DeadLetterRow, DlqAction, RowOutcome
-
-if TYPE_CHECKING:
-    import argparse
 
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 10_000
@@ -169,3 +166,76 @@ def _action_command(
     # skipped rows are reported, not failed.
     failed = [r for r in summary.skipped if r.outcome is not RowOutcome.ALREADY_DISCARDED]
     return EXIT_FAILURE if ids and failed else EXIT_OK
+
+
+def add_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
+    """`relayd dlq list|show|retry|discard`, beside their handlers."""
+    filters = argparse.ArgumentParser(add_help=False)
+    filters.add_argument(
+        "--queue", help="the effective queue: options.queue, else queue, else default"
+    )
+    filters.add_argument("--type", help="the job's type")
+    filters.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="dead-lettered at or after WHEN: an ISO 8601 time (UTC without an offset) "
+        "or a duration before now (30m, 2h, 7d)",
+    )
+    filters.add_argument("--until", metavar="WHEN", help="dead-lettered before WHEN")
+    filters.add_argument(
+        "--error-contains", metavar="TEXT", help="last_error contains TEXT (any case)"
+    )
+    acting = argparse.ArgumentParser(add_help=False)
+    acting.add_argument("ids", nargs="*", metavar="ID", help="the dead letters, by event_id")
+    acting.add_argument(
+        "--all", action="store_true", help="every dead letter the filters match (not discarded)"
+    )
+    acting.add_argument("--dry-run", action="store_true", help="change nothing; say what would")
+    acting.add_argument("--batch-size", metavar="N", help="rows per transaction (500)")
+    acting.add_argument("--actor", metavar="NAME", help="who acts, for the audit (the OS user)")
+    acting.add_argument("--json", action="store_true", help="machine-readable output")
+
+    dlq = commands.add_parser(
+        "dlq", parents=[common], help="inspect dead letters, redrive or discard them"
+    )
+    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, metavar="COMMAND")
+    dlq_list = dlq_commands.add_parser(
+        "list", parents=[common, filters], help="dead letters, newest first"
+    )
+    dlq_list.add_argument(
+        "--reason", "--dead-reason", dest="dead_reason", metavar="REASON", help="dead_reason"
+    )
+    dlq_list.add_argument("--limit", metavar="N", help="at most N rows (50)")
+    dlq_list.add_argument(
+        "--include-discarded", action="store_true", help="also rows discarded already"
+    )
+    dlq_list.add_argument("--json", action="store_true", help="machine-readable output")
+    dlq_list.set_defaults(handler=list_command)
+    dlq_show = dlq_commands.add_parser(
+        "show", parents=[common], help="one dead letter with its envelope"
+    )
+    dlq_show.add_argument("id", metavar="ID", help="its event_id")
+    dlq_show.add_argument("--json", action="store_true", help="machine-readable output")
+    dlq_show.set_defaults(handler=show_command)
+    dlq_retry = dlq_commands.add_parser(
+        "retry",
+        parents=[common, filters, acting],
+        help="redrive dead letters: pending again, reconciled with a GET before any POST",
+    )
+    dlq_retry.add_argument(
+        "--reason", "--dead-reason", dest="dead_reason", metavar="REASON", help="dead_reason"
+    )
+    dlq_retry.set_defaults(handler=retry_command)
+    dlq_discard = dlq_commands.add_parser(
+        "discard",
+        parents=[common, filters, acting],
+        help="mark dead letters as discarded (kept, out of the dead-letter queue)",
+    )
+    dlq_discard.add_argument(
+        "--reason", dest="discard_reason", metavar="TEXT", help="why (required; audited)"
+    )
+    dlq_discard.add_argument("--dead-reason", metavar="REASON", help="filter on dead_reason")
+    dlq_discard.set_defaults(handler=discard_command)

@@ -10,10 +10,11 @@ write one audit row, in the same transaction as the change.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from relayd.config import load_settings
 from relayd.errors import EXIT_OK
@@ -27,9 +28,6 @@ from relayd.operator import (
 )
 from relayd.operator_models import EVERY_QUEUE, EVERY_TYPE, Pause, QueueUse, describe_pause
 from relayd.terminal import printable
-
-if TYPE_CHECKING:
-    import argparse
 
 _MAX_REASON_CHARS = 1000
 # How many rows `pause --queue` reads at most looking for one that routes to the queue: no
@@ -203,3 +201,28 @@ def _json(data: dict[str, Any]) -> str:
         raise TypeError(type(value).__name__)
 
     return json.dumps(data, default=default)
+
+
+def add_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
+    """`relayd pause` and `relayd resume`, beside their handlers."""
+    pause = commands.add_parser(
+        "pause",
+        parents=[common],
+        help="stop claiming a queue or a job type, or everything, on every relay",
+    )
+    pause.add_argument("--queue", help="one queue (default: every queue)")
+    pause.add_argument("--type", help="one job type (default: every type)")
+    pause.add_argument("--reason", metavar="TEXT", help="why (required; audited)")
+    pause.add_argument("--actor", metavar="NAME", help="who acts, for the audit (the OS user)")
+    pause.add_argument("--json", action="store_true", help="machine-readable output")
+    pause.set_defaults(handler=pause_command)
+    resume = commands.add_parser("resume", parents=[common], help="lift a pause")
+    resume.add_argument("--queue", help="one queue (default: the pause of every queue)")
+    resume.add_argument("--type", help="one job type (default: the pause of every type)")
+    resume.add_argument("--reason", metavar="TEXT", help="why (optional; audited)")
+    resume.add_argument("--actor", metavar="NAME", help="who acts, for the audit (the OS user)")
+    resume.add_argument("--json", action="store_true", help="machine-readable output")
+    resume.set_defaults(handler=resume_command)

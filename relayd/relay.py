@@ -29,7 +29,6 @@ from relayd import failpoints, mutants
 from relayd.breaker import BreakerGate
 from relayd.config import Settings
 from relayd.errors import DatabaseUnavailable, StatementError, WorkerCrashed
-from relayd.housekeeping import Chore, Housekeeping
 from relayd.logs import get_logger
 from relayd.metrics import RelayMetrics
 from relayd.models import (
@@ -37,7 +36,6 @@ from relayd.models import (
     DeadLetter,
     DeadReason,
     Envelope,
-    Held,
     InvalidEnvelope,
     NotStarted,
     Outcome,
@@ -59,7 +57,8 @@ from relayd.settlement import (
 )
 from relayd.sinks import Sink
 from relayd.store import Store
-from relayd.storm import Key, StormGuard, sink_rejected
+from relayd.storm import Key
+from relayd.storm_hold import StormHold
 from relayd.wakeup import WorkSignal
 from relayd.watermark import Watermark
 
@@ -85,11 +84,8 @@ class RelayContext:
     metrics: RelayMetrics
     backoff: Backoff
     database: DatabaseRetry
-    storm: StormGuard
+    storm: StormHold
     slots: asyncio.Semaphore
-    housekeeping: Housekeeping
-    # Who the poison-storm guard's pauses are audited as: relayd@<host>.
-    actor: str
     # Called when a worker finds nothing to claim and nothing it may claim is pending (not
     # even in backoff or leased; paused rows do not count): the run-until-idle mode stops
     # the daemon there.
@@ -281,10 +277,11 @@ class RelayWorker:
                 outcomes[row.event_id] = DeadLetter(DeadReason.INVALID_ENVELOPE, str(exc))
                 continue
             key = keys[row.event_id] = (envelope.queue, envelope.type)
-            if storm.trips and storm.holds(key, claim.sent_at):
-                outcomes[row.event_id] = self._held(key)
-            else:
+            held = storm.held(key, claim.sent_at)
+            if held is None:
                 envelopes[row.event_id] = envelope
+            else:
+                outcomes[row.event_id] = held
 
         sendable = [row for row in claim.rows if row.event_id in envelopes]
         sink = self._ctx.sink
@@ -300,16 +297,6 @@ class RelayWorker:
                 raise result
             outcomes.update(result)
         return outcomes, keys
-
-    def _held(self, key: Key) -> Held:
-        """A row the storm guard keeps from the sink: its pause is not stored yet, or was
-        stored after this claim was sent. It comes back once the pause could have been
-        stored (the claim then skips it) or lifted."""
-        queue, job_type = key
-        return Held(
-            f"poison storm: queue {queue}, type {job_type} held by relayd, not sent",
-            retry_after_s=self._ctx.settings.retry.cap_s,
-        )
 
     def _unpublishable(self, row: ClaimedRow) -> DeadLetter | None:
         """The checks that need no parsing: the row's size and its commit time."""
@@ -380,11 +367,7 @@ class RelayWorker:
         """Record every outcome with fenced UPDATEs, shielded from cancellation."""
         if failpoints.ARMED and self._ctx.stopping.is_set():
             await failpoints.reach("during_drain")
-        storm = self._ctx.storm
-        observed = ((keys[event_id], o) for event_id, o in outcomes.items() if event_id in keys)
-        tripped = storm.observe(observed, asyncio.get_running_loop().time())
-        if tripped:
-            await self._pause_for_storm(tripped)
+        storm_rows = await self._ctx.storm.observe(outcomes, keys)
         settlement = plan(
             claim.rows,
             outcomes,
@@ -393,71 +376,12 @@ class RelayWorker:
             sink_wide=(
                 self._ctx.gate.state is not BreakerState.CLOSED or self._ctx.stopping.is_set()
             ),
-            storm_rows=await self._storm_rows(outcomes, keys),
+            storm_rows=storm_rows,
         )
         try:
             await asyncio.shield(self._write(claim, settlement))
         finally:
             self.in_flight = 0
-
-    async def _storm_rows(
-        self, outcomes: Mapping[str, Outcome], keys: Mapping[str, Key]
-    ) -> set[str]:
-        """The rows whose sink rejections are not dead-lettered: those of a queue and type
-        this process's guard holds, and, if any other row was rejected, those of a queue and
-        type paused in the database now (another replica's guard, or an operator, paused
-        them while this claim was in flight: dead-lettering them now would exceed the one
-        window each replica may spend)."""
-        trips = self._ctx.storm.trips
-        held = {event_id for event_id, key in keys.items() if key in trips}
-        rejected = [
-            event_id
-            for event_id, outcome in outcomes.items()
-            if sink_rejected(outcome) and event_id in keys and event_id not in held
-        ]
-        if not rejected:
-            return held
-        try:
-            pauses = await self._ctx.store.pauses()
-        except (DatabaseUnavailable, StatementError) as exc:
-            # Without the pauses the process's own view decides; the settle that follows
-            # meets the same database and handles it.
-            self._log.warning("relay.pauses_unknown", error=str(exc))
-            return held
-        return held | {
-            event_id
-            for event_id in rejected
-            if any(pause.holds(*keys[event_id]) for pause in pauses)
-        }
-
-    async def _pause_for_storm(self, tripped: Sequence[Key]) -> None:
-        """Pause each tripped queue and type, audited, so that every replica stops claiming
-        them; until a pause is stored this process holds that key itself (`publish`)."""
-        ctx = self._ctx
-        ctx.metrics.storm_trips.inc(len(tripped))
-        for key in tripped:
-            trip = ctx.storm.trips[key]
-            self._log.error(
-                "relay.poison_storm",
-                queue=key[0],
-                type=key[1],
-                rejected=trip.rejected,
-                settled=trip.settled,
-            )
-        try:
-            stored = await ctx.housekeeping.run(Chore.STORM_PAUSE, lambda: store_storm_pauses(ctx))
-        except DatabaseUnavailable as exc:
-            ctx.metrics.database_errors.inc()
-            error, stored = str(exc), False
-        else:
-            error = ctx.housekeeping.failing[Chore.STORM_PAUSE].error if not stored else ""
-        if not stored:
-            # The storm_pause chore tries again on its own schedule; meanwhile the rows of
-            # these keys are not sent, and no sink rejection of them is dead-lettered.
-            for queue, job_type in ctx.storm.unstored():
-                self._log.error(
-                    "relay.poison_storm_held_locally", queue=queue, type=job_type, error=error
-                )
 
     async def _write(self, claim: Claim, settlement: SettlementPlan) -> None:
         if failpoints.ARMED:
@@ -596,23 +520,6 @@ class RelayWorker:
         self._ctx.metrics.settled[Settled.RELEASED].inc(len(updated))
         self.released += len(updated)
         self._log.debug(Settled.RELEASED.event, rows=len(updated))
-
-
-async def store_storm_pauses(ctx: RelayContext) -> None:
-    """Store the pause of every queue and type the storm guard holds without one, each with
-    its audit row (`Store.pause`); the `storm_pause` chore, and the worker that tripped the
-    guard at once. `StatementError` or `DatabaseUnavailable` stops at the first key that
-    cannot be stored: the rest wait for the next turn."""
-    loop = asyncio.get_running_loop()
-    log = get_logger("relay")
-    try:
-        for key in ctx.storm.unstored():
-            trip = ctx.storm.trips[key]
-            inserted = await ctx.store.pause(key[0], key[1], trip.reason(key), actor=ctx.actor)
-            ctx.storm.stored(key, loop.time())
-            log.warning("relay.poison_storm_paused", queue=key[0], type=key[1], new=inserted)
-    finally:
-        ctx.metrics.storm_local_holds.set(len(ctx.storm.unstored()))
 
 
 def _label(outcome: Outcome) -> str:

@@ -1,0 +1,131 @@
+"""The poison-storm guard as a relay process uses it: which rows it keeps from the sink,
+which rejections it retries instead of dead-lettering, and storing its pauses.
+
+`relayd/storm.py` decides (pure); this module acts on the decisions: a trip is logged,
+counted and paused (`Store.pause`, with its audit row) at once; a pause PostgreSQL refuses
+leaves the queue and type held by this process alone until the `storm_pause` housekeeping
+chore stores it (relayd/housekeeping.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from structlog.typing import FilteringBoundLogger
+
+from relayd.errors import DatabaseUnavailable, StatementError
+from relayd.housekeeping import Chore, Housekeeping
+from relayd.logs import get_logger
+from relayd.metrics import RelayMetrics
+from relayd.models import Held, Outcome
+from relayd.store import Store
+from relayd.storm import Key, StormGuard, sink_rejected
+
+
+@dataclass
+class StormHold:
+    """One process's storm guard, with what it needs to act: the store, the metrics, the
+    housekeeping that reports a refused pause, and the actor its pauses are audited as."""
+
+    guard: StormGuard
+    store: Store
+    metrics: RelayMetrics
+    housekeeping: Housekeeping
+    actor: str  # relayd@<host>
+    retry_after_s: float  # when a row kept from the sink is due again (retry.cap_s)
+    _log: FilteringBoundLogger = field(default_factory=lambda: get_logger("relay"))
+
+    def held(self, key: Key, claimed_at: float) -> Held | None:
+        """The outcome of a row of `key` from a claim sent at `claimed_at` that must not be
+        sent (its key's pause is not stored yet, or was stored after that claim was sent);
+        None to send it. It comes back once the pause could have been stored (the claim then
+        skips it) or lifted."""
+        if not self.guard.trips or not self.guard.holds(key, claimed_at):
+            return None
+        queue, job_type = key
+        return Held(
+            f"poison storm: queue {queue}, type {job_type} held by relayd, not sent",
+            retry_after_s=self.retry_after_s,
+        )
+
+    async def observe(self, outcomes: Mapping[str, Outcome], keys: Mapping[str, Key]) -> set[str]:
+        """Feed a claim's outcomes to the guard, pause what it trips on, and return the rows
+        whose sink rejections are retried, not dead-lettered: those of a queue and type this
+        process holds, and, if any other row was rejected, those of a queue and type paused in
+        the database now (another replica's guard, or an operator, paused them while this
+        claim was in flight: dead-lettering them would exceed the one window each replica
+        may spend)."""
+        observed = ((keys[event_id], o) for event_id, o in outcomes.items() if event_id in keys)
+        tripped = self.guard.observe(observed, asyncio.get_running_loop().time())
+        if tripped:
+            await self._pause(tripped)
+        trips = self.guard.trips
+        held = {event_id for event_id, key in keys.items() if key in trips}
+        rejected = [
+            event_id
+            for event_id, outcome in outcomes.items()
+            if sink_rejected(outcome) and event_id in keys and event_id not in held
+        ]
+        if not rejected:
+            return held
+        try:
+            pauses = await self.store.pauses()
+        except (DatabaseUnavailable, StatementError) as exc:
+            # Without the pauses the process's own view decides; the settle that follows
+            # meets the same database and handles it.
+            self._log.warning("relay.pauses_unknown", error=str(exc))
+            return held
+        return held | {
+            event_id
+            for event_id in rejected
+            if any(pause.holds(*keys[event_id]) for pause in pauses)
+        }
+
+    async def store_pauses(self) -> None:
+        """Store the pause of every queue and type the guard holds without one, each with its
+        audit row: the `storm_pause` chore's step, and the first try after a trip.
+        `StatementError` or `DatabaseUnavailable` stops at the first key that cannot be
+        stored: the rest wait for the next turn."""
+        loop = asyncio.get_running_loop()
+        try:
+            for key in self.guard.unstored():
+                trip = self.guard.trips[key]
+                inserted = await self.store.pause(key[0], key[1], trip.reason(key), self.actor)
+                self.guard.stored(key, loop.time())
+                self._log.warning(
+                    "relay.poison_storm_paused", queue=key[0], type=key[1], new=inserted
+                )
+        finally:
+            self.metrics.storm_local_holds.set(len(self.guard.unstored()))
+
+    async def _pause(self, tripped: Sequence[Key]) -> None:
+        """Log and count each trip, and try to store their pauses at once, so that every
+        replica stops claiming them; until a pause is stored this process holds that key
+        itself (`held`)."""
+        self.metrics.storm_trips.inc(len(tripped))
+        for key in tripped:
+            trip = self.guard.trips[key]
+            self._log.error(
+                "relay.poison_storm",
+                queue=key[0],
+                type=key[1],
+                rejected=trip.rejected,
+                settled=trip.settled,
+            )
+        try:
+            stored = await self.housekeeping.run(Chore.STORM_PAUSE, self.store_pauses)
+        except DatabaseUnavailable as exc:
+            self.metrics.database_errors.inc()
+            error, stored = str(exc), False
+        else:
+            failing = self.housekeeping.failing.get(Chore.STORM_PAUSE)
+            error = "" if failing is None else failing.error
+        if not stored:
+            # The storm_pause chore tries again on its own schedule; meanwhile the rows of
+            # these keys are not sent, and no sink rejection of them is dead-lettered.
+            for queue, job_type in self.guard.unstored():
+                self._log.error(
+                    "relay.poison_storm_held_locally", queue=queue, type=job_type, error=error
+                )
