@@ -22,6 +22,7 @@ from relayd.privileges import COMMANDS, Role, hint, role_privileges
 from relayd.sinks import SinkHealth
 from relayd.sinks.ojs import OjsSink
 from relayd.store import Store
+from relayd.terminal import printable
 
 # Host and database clocks further apart than this are reported. Leases use the database's
 # clock only, so a skew never breaks fencing; it misleads people reading timestamps.
@@ -43,7 +44,8 @@ class CheckLine:
     detail: str
 
     def render(self) -> str:
-        return f"{self.verdict.value:<8}{self.name:<12}{self.detail}"
+        # A detail may quote the sink's manifest or the server's words.
+        return printable(f"{self.verdict.value:<8}{self.name:<12}{self.detail}")
 
     def as_json(self) -> dict[str, str]:
         return {key: str(value) for key, value in asdict(self).items()}

@@ -17,6 +17,7 @@ from typing import Any
 
 from relayd.check import Verdict
 from relayd.store import Store
+from relayd.terminal import printable
 
 # A transaction older than this holding the horizon is worth a warning: an outbox publishes
 # and settles rows every second, and each leaves a dead tuple vacuum cannot remove meanwhile.
@@ -80,7 +81,8 @@ class Diagnosis:
                 f"  {i['name']:<48}{_size(i['bytes']):>10}  scans {i['idx_scan']:,}"
                 for i in self.indexes
             ]
-        return "\n".join(lines)
+        # Session names, hosts and slot names are other clients' text.
+        return "\n".join(printable(line) for line in lines)
 
 
 async def diagnose(store: Store, *, lease_s: float, batch_size: int) -> Diagnosis:
