@@ -24,6 +24,7 @@ from relayd.store import Store
 from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from relayd.testing.postgres import EmbeddedPostgres
 from tests.support import DEFAULT_TABLE, Database, PgServer, dsn_for
+from tests.tools import REQUIRE_ENV, SKIP_PREFIX
 
 
 async def _make_template(admin_dsn: str, template: str) -> None:
@@ -139,3 +140,21 @@ async def relay_role(database: Database) -> AsyncIterator[str]:
         await admin.execute(f"DROP ROLE {role}")
     finally:
         await admin.close()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """After the run, what this machine could not prove: the tests skipped for a missing
+    tool, by tool (tests/tools.py), so that a green run says what it did not cover."""
+    missing: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        if not isinstance(longrepr, tuple) or len(longrepr) != 3:
+            continue
+        reason = str(longrepr[2]).removeprefix("Skipped: ")
+        if reason.startswith(SKIP_PREFIX):
+            missing[reason] = missing.get(reason, 0) + 1
+    if missing:
+        terminalreporter.section("not proven on this machine", sep="-", yellow=True)
+        for reason, count in sorted(missing.items()):
+            terminalreporter.line(f"{count:4d} test(s) skipped: {reason}")
+        terminalreporter.line(f"(set {REQUIRE_ENV}=1 to make these failures: CI does)")

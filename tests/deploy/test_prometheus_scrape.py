@@ -22,9 +22,10 @@ import yaml
 
 from relayd.testing.emulator import start_emulator
 from relayd.testing.processes import await_http, free_port
-from tests.deploy.conftest import DEPLOY, _tool
+from tests.deploy.conftest import DEPLOY
 from tests.deploy.promql import metric_names
 from tests.support import Database, drained, eventually, produce
+from tests.tools import tool
 
 RULES = DEPLOY / "prometheus" / "relayd.rules.yml"
 DASHBOARD = DEPLOY / "grafana" / "relayd.json"
@@ -34,7 +35,7 @@ ALERT = "RelaydClaimableAgeHigh"
 @pytest.fixture(scope="module")
 def prometheus() -> Path:
     """The prometheus server binary (Debian package prometheus)."""
-    return _tool("prometheus", "prometheus")
+    return tool("prometheus", "prometheus")
 
 
 @contextlib.asynccontextmanager

@@ -27,8 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import enum
-import os
-import shutil
 import socket
 import struct
 import sys
@@ -280,16 +278,6 @@ class FaultProxy:
 
 
 # --- network namespaces --------------------------------------------------------------------
-
-
-def netns_unavailable() -> str | None:
-    """Why a private network namespace with nftables cannot be used here (None: it can)."""
-    if os.geteuid() != 0:
-        return "network namespaces need root (CI runs as root)"
-    missing = [tool for tool in ("ip", "nft") if shutil.which(tool) is None]
-    if missing:
-        return f"{' and '.join(missing)} not installed (Debian packages iproute2, nftables)"
-    return None
 
 
 @dataclass

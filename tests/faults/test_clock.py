@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import signal
 from datetime import UTC, datetime
-from glob import glob
 
 import pytest
 
 from tests.faults.harness import Scene
+from tests.tools import library
 
 OVERWRITE = ("--duplicate-mode", "overwrite")
 # Debian's libfaketime (package faketime); other layouts put it elsewhere under /usr/lib.
@@ -25,11 +25,7 @@ _LIBRARIES = (
 
 
 def _libfaketime() -> str:
-    for pattern in _LIBRARIES:
-        found = sorted(glob(pattern))
-        if found:
-            return found[0]
-    pytest.skip("libfaketime is not installed (Debian package faketime)")
+    return library("libfaketime", "faketime", _LIBRARIES)
 
 
 @pytest.mark.parametrize("shift_s", [3600, -3600], ids=["ahead", "behind"])

@@ -28,8 +28,8 @@ from tests.faults.netfaults import (
     bridge_argv,
     bridge_env,
     netns,
-    netns_unavailable,
 )
+from tests.tools import root, tool
 
 OVERWRITE = ("--duplicate-mode", "overwrite")
 ROWS = 120
@@ -127,11 +127,17 @@ async def test_fault_proxy_then_heal(scene: Scene, target: str, mode: Mode) -> N
 # --- nftables in a private network namespace -----------------------------------------------
 
 
+def require_netns() -> None:
+    """Skip (or fail, where tools are required: tests/tools.py) unless a private network
+    namespace with nftables can be made here: root, `ip` and `nft`."""
+    root("network namespaces")
+    tool("ip", "iproute2")
+    tool("nft", "nftables")
+
+
 @pytest.fixture
 async def space() -> AsyncIterator[NetNs]:
-    reason = netns_unavailable()
-    if reason:
-        pytest.skip(reason)
+    require_netns()
     try:
         async with netns() as made:
             yield made
