@@ -39,7 +39,7 @@ def _pieces_shown(token: str, text: str) -> list[str]:
 async def test_a_token_too_large_for_the_sinks_http_layer_dead_letters_nothing(
     scene: Scene, tmp_path: Path
 ) -> None:
-    """Item 4: every request answered by a plain-text 400 about its header is a sink-wide
+    """Every request answered by a plain-text 400 about its header is a sink-wide
     failure: breaker open, rows pending, none dead (it used to dead-letter them all as
     `sink_rejected` until the storm guard paused the whole outbox)."""
     token = _token(17)

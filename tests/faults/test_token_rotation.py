@@ -17,6 +17,7 @@ import pytest
 
 from relayd.testing.processes import free_port
 from tests.faults.harness import Scene, await_ok, relayd_argv
+from tests.tools import tool
 
 OLD = "old-token"
 NEW = "new-token"
@@ -126,7 +127,12 @@ async def _relay_with_token(scene: Scene, tmp_path: Path) -> tuple[Path, int]:
     await scene.produce(20)
     port = free_port()
     env = scene.relay_env("relay", f"127.0.0.1:{port}", RELAYD_SINK__TOKEN_FILE=str(relay_token))
-    argv = ["prlimit", f"--as={_RELAY_AS_BYTES}", "--", *relayd_argv("run")]
+    argv = [
+        str(tool("prlimit", "util-linux")),
+        f"--as={_RELAY_AS_BYTES}",
+        "--",
+        *relayd_argv("run"),
+    ]
     relay = await scene.spawn("relay", argv, env)
     await await_ok(scene.http, f"http://127.0.0.1:{port}/healthz", relay)
     await scene.drained()
@@ -141,7 +147,7 @@ async def _relay_with_token(scene: Scene, tmp_path: Path) -> tuple[Path, int]:
 async def test_a_rotation_to_a_token_that_cannot_be_sent_keeps_publishing(
     scene: Scene, tmp_path: Path, rotated: str
 ) -> None:
-    """Item 1: the token file rotated to a value that cannot be a header value. The relay
+    """The token file rotated to a value that cannot be a header value. The relay
     used to exit 1 at its next POST; now it keeps the token in use with one warning, stays
     up, and publishes every row produced after the rotation."""
     relay_token, _ = await _relay_with_token(scene, tmp_path)
@@ -168,7 +174,7 @@ async def test_a_rotation_to_a_token_that_cannot_be_sent_keeps_publishing(
 async def test_a_relay_started_with_a_token_that_cannot_be_sent_exits_2(
     scene: Scene, tmp_path: Path
 ) -> None:
-    """Item 1 at start: the same file is a configuration error (exit 2, one line naming
+    """At start, the same file is a configuration error (exit 2, one line naming
     sink.token_file, no token), not a relay that starts and dies at its first POST, again
     at every restart."""
     await scene.start_sink(*OVERWRITE)
@@ -189,7 +195,7 @@ async def test_a_relay_started_with_a_token_that_cannot_be_sent_exits_2(
 async def test_a_token_file_swapped_for_a_fifo_or_dev_zero_freezes_nothing(
     scene: Scene, tmp_path: Path
 ) -> None:
-    """Item 3: a FIFO in the token file's place used to block the event loop at the next
+    """A FIFO in the token file's place used to block the event loop at the next
     look (no /healthz, nothing published); /dev/zero would be read without end. Neither is
     read: the token in use stays (one warning each time), /healthz answers, rows keep
     publishing, and the token file, a regular file again, is read again."""

@@ -392,7 +392,7 @@ def test_classify_batch(answer: Response, expected: BatchVerdict) -> None:
     assert classify_batch(answer, BATCH) == expected
 
 
-# --- whose verdict a 4xx is (item 4 of issue 17) ------------------------------------------
+# --- whose verdict a 4xx is -----------------------------------------------------------
 
 # What aiohttp's HTTP layer answers a request whose header is over its 8190-byte bound: the
 # request's fault, said before any OJS handler ran.

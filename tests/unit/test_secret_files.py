@@ -16,6 +16,7 @@ from relayd.cli import main
 from relayd.config import load_settings
 from relayd.errors import ConfigError
 from relayd.token_file import SECRET_MAX_BYTES, bearer_problem, read_secret_file
+from tests.tools import tool
 
 # A FIFO read the old way blocks until a writer appears: on the code before the fix these
 # tests hang, and this bound turns the hang into a failure.
@@ -85,7 +86,7 @@ def test_a_bearer_token_is_one_line_of_visible_ascii(token: str, problem: str | 
 def test_a_token_that_cannot_be_sent_is_a_config_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str
 ) -> None:
-    """Item 1: refused at load (exit 2, one line naming sink.token_file), not at the first
+    """Refused at load (exit 2, one line naming sink.token_file), not at the first
     POST; the message never shows the token."""
     secret = tmp_path / "token"
     secret.write_text(content)
@@ -135,7 +136,7 @@ def _directory(tmp_path: Path) -> Path:
 def test_a_secret_file_that_is_not_a_regular_file_is_refused_at_once(
     tmp_path: Path, key: str, make: object, kind: str
 ) -> None:
-    """Item 3: a FIFO (which would block the reader) and a directory are refused without
+    """A FIFO (which would block the reader) and a directory are refused without
     being read: one ConfigError."""
     assert callable(make)
     secret: Path = make(tmp_path)
@@ -145,7 +146,7 @@ def test_a_secret_file_that_is_not_a_regular_file_is_refused_at_once(
 
 
 def test_a_secret_file_over_the_bound_is_refused(tmp_path: Path) -> None:
-    """Item 3: at most SECRET_MAX_BYTES are read; a larger file is refused, not read whole."""
+    """At most SECRET_MAX_BYTES are read; a larger file is refused, not read whole."""
     secret = tmp_path / "token"
     secret.write_text("a" * SECRET_MAX_BYTES)
     assert read_secret_file(secret) == "a" * SECRET_MAX_BYTES
@@ -165,11 +166,12 @@ _ZERO_AS_BYTES = 1024**3
 def test_a_secret_file_linked_to_dev_zero_is_refused_unread(
     cli_env: dict[str, str], tmp_path: Path, key: str
 ) -> None:
-    """Item 3: /dev/zero behind a symlink (which would be read without end) is refused at
+    """/dev/zero behind a symlink (which would be read without end) is refused at
     once: `relayd config show` exits 2 with one line naming the key."""
     secret = tmp_path / "zero"
     secret.symlink_to("/dev/zero")
-    argv = ["prlimit", f"--as={_ZERO_AS_BYTES}", "--", sys.executable, "-m", "relayd"]
+    prlimit = str(tool("prlimit", "util-linux"))
+    argv = [prlimit, f"--as={_ZERO_AS_BYTES}", "--", sys.executable, "-m", "relayd"]
     result = subprocess.run(
         [*argv, "config", "show", "--config", str(_config(tmp_path, key, secret))],
         env=cli_env,

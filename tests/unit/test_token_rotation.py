@@ -154,7 +154,7 @@ async def test_an_unchanged_signature_is_not_read_again(tmp_path: Path) -> None:
 async def test_a_rotated_token_that_cannot_be_sent_keeps_the_previous_one(
     tmp_path: Path, rotated: str
 ) -> None:
-    """Item 1: a token plus a comment line, a CR, a NUL, inner whitespace or a non-ASCII
+    """A token plus a comment line, a CR, a NUL, inner whitespace or a non-ASCII
     character is not taken: the previous token stays, with one warning that shows neither."""
     path = tmp_path / "token"
     path.write_text(OLD)
@@ -190,7 +190,7 @@ def _swap_in_a_large_file(path: Path) -> None:
 async def test_a_token_file_swapped_for_a_fifo_or_a_huge_file_is_not_read(
     tmp_path: Path, swap: object, error: str
 ) -> None:
-    """Item 3: a FIFO swapped in for the token file is refused without being read (it would
+    """A FIFO swapped in for the token file is refused without being read (it would
     block the reader), and so is a file over the bound: the token in use stays, one warning.
     /dev/zero is met by processes with a bounded address space (test_secret_files.py, the
     fault suite), never by this one."""
@@ -299,7 +299,7 @@ async def test_a_rotation_is_picked_up_within_a_second_without_a_refusal(
     "rotated", ["", f"{NEW}\n# rotated on Tuesday\n"], ids=["empty", "comment"]
 )
 async def test_an_unusable_token_file_keeps_the_token_in_use(tmp_path: Path, rotated: str) -> None:
-    """An empty file, or (item 1) a token plus a comment line, which used to raise out of
+    """An empty file, or a token plus a comment line, which used to raise out of
     the sink at the next request: the previous token is still sent, and accepted."""
     path = tmp_path / "token"
     path.write_text(OLD)
@@ -342,7 +342,7 @@ async def test_an_echoed_token_is_redacted_the_rotated_out_one_too(tmp_path: Pat
 
 
 async def test_a_request_that_cannot_be_built_is_a_sink_wide_outcome(tmp_path: Path) -> None:
-    """Item 1, the class: whatever makes aiohttp refuse to build a request (here a header
+    """The class: whatever makes aiohttp refuse to build a request (here a header
     value with a line break, slipped past the load-time check) is a severe sink-wide outcome
     that never reached the server, with no token in its text: never an exception."""
     clock, health = _Clock(), SinkHealthRecord()
