@@ -239,6 +239,30 @@ ORDER BY version;
 INSERT INTO @schema@.relayd_migrations (outbox_table, version, name, checksum)
 VALUES ($1, $2, $3, $4);
 
+-- name: notify_trigger_state
+-- The outbox's NOTIFY trigger (migration 0001): NULL when it has none, else its
+-- pg_trigger.tgenabled ('D': disabled by hand, it never fires).
+-- params: $1 outbox table text
+SELECT (SELECT tgenabled::text
+        FROM pg_trigger
+        WHERE tgrelid = to_regclass($1)::oid AND tgname = 'relayd_notify_insert');
+
+-- name: notify_trigger_create
+-- One NOTIFY per inserting statement, on the channel 'schema.table' (outbox.notify_trigger
+-- = true): created by 0001, again by `relayd migrate` if it was dropped.
+-- params: none
+CREATE TRIGGER relayd_notify_insert
+    AFTER INSERT ON @outbox@
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION @schema@.relayd_notify_outbox();
+
+-- name: notify_trigger_drop
+-- No NOTIFY from producers' inserts (outbox.notify_trigger = false): PostgreSQL refuses
+-- PREPARE TRANSACTION in a transaction that notified, so two-phase-commit producers need it
+-- gone. Relays then poll.
+-- params: none
+DROP TRIGGER IF EXISTS relayd_notify_insert ON @outbox@;
+
 -- name: ping
 -- Readiness: the database answers.
 -- params: none
