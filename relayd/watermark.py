@@ -10,12 +10,12 @@ answer tells where the next one goes:
 - `head`: the smallest `available_at` of the pending rows the claim saw from the watermark
   on (leased, scheduled and paused ones too: they become claimable in place);
 - a row a claim could not see yet belongs to a transaction that had not committed. Its
-  `available_at` default (`relayd_available_at()`, migration 0005) gives the transaction an
-  xid before it reads the clock, so from that stamp on the transaction shows in
-  `pg_stat_activity` as a writer, with a start no later than the stamp (`writers_since`, the
-  oldest such start; the claim's own start when there is none). Whatever the INSERT does
-  before or after (triggers, CHECKs, other defaults), a row is never stamped before its
-  transaction is visible as a writer.
+  `available_at` default, `relayd_available_at()` (the due_once_writing migration), gives
+  the transaction an xid before it reads the clock, so from that stamp on the transaction
+  shows in `pg_stat_activity` as a writer, with a start no later than the stamp
+  (`writers_since`, the oldest such start; the claim's own start when there is none).
+  Whatever the INSERT does before or after (triggers, CHECKs, other defaults), a row is
+  never stamped before its transaction is visible as a writer.
   `writers_since` is taken from the previous claim's answer, so a transaction that commits
   between one statement's snapshot and its reading of `pg_stat_activity` is still covered.
 

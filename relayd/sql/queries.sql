@@ -19,8 +19,8 @@
 -- what the next watermark is made of: `head`, the smallest available_at of the pending rows
 -- from $5 on (leased, scheduled or paused ones too), and `writers_since`, the start of the
 -- oldest transaction of this database that has written something and not ended (its rows
--- were stamped no earlier: relayd_available_at() of 0005 stamps a row once its transaction
--- is a writer; NULL if a writer's start is hidden from this role). With no writer it is
+-- were stamped no earlier: the default relayd_available_at() stamps a row once its
+-- transaction is a writer; NULL if a writer's start is hidden from this role). With no writer it is
 -- this statement's start, not the time pg_stat_activity was read: a transaction that became
 -- a writer after that read stamps its rows later than the statement's start, but perhaps
 -- earlier than the end of the read. They arrive on one extra row whose claim columns are NULL (last, though nothing
@@ -594,8 +594,8 @@ redriven AS (
         attempts = 0,
         -- clock_timestamp(), not now(): the row locks of `target` gave this transaction
         -- its id, so it shows as a writer before the rows are due and they never land
-        -- below a claim's watermark (what relayd_available_at() of 0005 does for a new
-        -- row; the operator commands do not require that migration).
+        -- below a claim's watermark (what relayd_available_at() does for a new row; the
+        -- operator commands do not require the migration that made it).
         available_at = clock_timestamp(),
         lease_owner = NULL,
         discarded_at = NULL,

@@ -51,7 +51,7 @@ async def test_check_passes_on_a_ready_outbox(
         "clock",
     ]
     assert {verdict for verdict, _ in verdicts.values()} <= {"ok", "warn"}
-    latest = max(m.version for m in load_migrations())
+    latest = len(load_migrations())
     assert f"relayd.outbox is migrated (version {latest:04d})" in verdicts["schema"][1]
     code, out, _ = await run_relayd(
         "check", "--json", env=_env(cli_env, database.dsn, emulator.url)
