@@ -106,10 +106,7 @@ async def _database_lines(store: Store, settings: Settings, role: Role) -> list[
         lines.append(privileges)
     else:
         lines += _skipped("privileges")
-    if settings.relay.listen:
-        lines.append(await _attempt("listen", lambda: _listen(store)))
-    else:
-        lines.append(CheckLine("listen", Verdict.OK, "not used (relay.listen = false): polling"))
+    lines.append(await _listen(store, settings, migrated=schema.verdict is Verdict.OK))
     # The database's clock read halfway through the round trip, against ours.
     skew_s = identity["epoch_s"] - (sent_s + received_s) / 2
     verdict = Verdict.WARN if abs(skew_s) > CLOCK_WARN_S else Verdict.OK
@@ -169,9 +166,40 @@ async def _privileges(store: Store, settings: Settings, role: Role) -> tuple[Che
     return CheckLine("privileges", Verdict.OK, detail), False
 
 
-async def _listen(store: Store) -> str:
-    await store.check_listen()
-    return f"LISTEN on channel {store.table.channel} works"
+async def _listen(store: Store, settings: Settings, *, migrated: bool) -> CheckLine:
+    """How idle relays learn of new rows; a warning when the outbox's NOTIFY trigger (once
+    it is migrated) is not what outbox.notify_trigger says `relayd migrate` leaves."""
+    polling = f"relays poll every {settings.relay.poll_interval_s:g}s"
+    wanted = settings.outbox.notify_trigger
+    try:
+        if migrated:
+            state = await store.notify_trigger_state()
+            fires = state is not None and state != "D"  # 'D': disabled by hand
+            if wanted and not fires:
+                return CheckLine(
+                    "listen",
+                    Verdict.WARN,
+                    f"{store.table} has no NOTIFY trigger that fires, though "
+                    f"outbox.notify_trigger = true: {polling}; `relayd migrate` creates it",
+                )
+            if fires and not wanted:
+                return CheckLine(
+                    "listen",
+                    Verdict.WARN,
+                    f"{store.table} still has its NOTIFY trigger, though outbox.notify_trigger "
+                    "= false: producers cannot PREPARE TRANSACTION; `relayd migrate` drops it",
+                )
+        if not wanted:
+            detail = f"not used (outbox.notify_trigger = false, no NOTIFY trigger): {polling}"
+        elif not settings.relay.listen:
+            detail = f"not used (relay.listen = false): {polling}"
+        else:
+            await store.check_listen()
+            trigger = "; the NOTIFY trigger is in place" if migrated else ""
+            detail = f"LISTEN on channel {store.table.channel} works{trigger}"
+    except (DatabaseUnavailable, StatementError) as exc:
+        return CheckLine("listen", Verdict.FAIL, str(exc))
+    return CheckLine("listen", Verdict.OK, detail)
 
 
 async def _sink_line(settings: Settings) -> CheckLine:

@@ -363,21 +363,29 @@ def _migrate(args: argparse.Namespace) -> int:
             settings.outbox.outbox_table,
             connect_timeout_s=settings.database.connect_timeout_s,
             statement_timeout_s=max(settings.database.statement_timeout_s, 300.0),
+            notify_trigger=settings.outbox.notify_trigger,
         )
         return {
             "table": settings.outbox.table,
             "applied": [f"{m.version:04d}_{m.name}" for m in report.applied],
             "already_applied": [f"{m.version:04d}_{m.name}" for m in report.already],
+            "notify_trigger": report.notify_trigger,
+            "notify_trigger_changed": report.notify_trigger_changed,
         }
 
     result = asyncio.run(apply())
     if args.json:
         print(json.dumps(result))
-    elif result["applied"]:
+        return EXIT_OK
+    if result["applied"]:
         print(f"{result['table']}: applied {', '.join(result['applied'])}")
     else:
         count = len(result["already_applied"])
         print(f"{result['table']}: up to date ({count} migration{'s' * (count != 1)} applied)")
+    if result["notify_trigger_changed"]:
+        done = "created" if result["notify_trigger"] else "dropped"
+        setting = str(result["notify_trigger"]).lower()
+        print(f"{result['table']}: NOTIFY trigger {done} (outbox.notify_trigger = {setting})")
     return EXIT_OK
 
 

@@ -116,6 +116,9 @@ class DatabaseSettings(_Section):
 
 class OutboxSettings(_Section):
     table: str = "relayd.outbox"
+    # The INSERT trigger that NOTIFYs idle relays (`relayd migrate` creates or drops it); false
+    # for two-phase-commit producers (no PREPARE TRANSACTION after a NOTIFY): relays poll.
+    notify_trigger: bool = True
 
     @field_validator("table")
     @classmethod
@@ -321,6 +324,12 @@ class Settings(BaseSettings):
         if dsn is None:
             raise ConfigError("database.dsn", "required (set database.dsn or database.dsn_file)")
         return dsn.get_secret_value()
+
+    @property
+    def listens(self) -> bool:
+        """Whether `relayd run` LISTENs for the insert trigger's NOTIFY: not when LISTEN is
+        turned off (a pooler) or when the outbox has no such trigger (nothing would come)."""
+        return self.relay.listen and self.outbox.notify_trigger
 
     @property
     def sink_url(self) -> str:

@@ -176,7 +176,7 @@ class Daemon:
             table=str(ctx.store.table),
             sink=settings.sink_url,
             workers=settings.relay.workers,
-            listen=settings.relay.listen,
+            listen=settings.listens,
             http=settings.http.listen if settings.http.enabled else None,
         )
         self.ready.set()
@@ -191,7 +191,7 @@ class Daemon:
                                 self._supervised(worker.run(), f"relay-{worker.name}"),
                                 name=f"relay-{worker.name}",
                             )
-                        if settings.relay.listen:
+                        if settings.listens:
                             tasks.create_task(
                                 self._supervised(
                                     listen_for_inserts(

@@ -49,6 +49,8 @@ class Migration:
 class MigrationReport:
     applied: list[Migration]
     already: list[Migration]
+    notify_trigger: bool  # whether the outbox now has its NOTIFY trigger
+    notify_trigger_changed: bool  # created or dropped by this run
 
 
 def migrations_dir() -> Traversable:
@@ -77,14 +79,24 @@ def load_migrations(directory: Traversable | None = None) -> list[Migration]:
     return found
 
 
-async def migrate(store: Store, migrations: list[Migration] | None = None) -> MigrationReport:
-    """Apply what the ledger lacks; refuse (applying nothing) if an applied file changed."""
+async def migrate(
+    store: Store, migrations: list[Migration] | None = None, *, notify_trigger: bool = True
+) -> MigrationReport:
+    """Apply what the ledger lacks, then give the outbox its NOTIFY trigger or take it away
+    (`outbox.notify_trigger`); refuse (applying nothing) if an applied file changed."""
     migrations = load_migrations() if migrations is None else migrations
-    ledger, applied_now = await store.apply_migrations([m.step(store.table) for m in migrations])
+    ledger, applied_now, changed = await store.apply_migrations(
+        [m.step(store.table) for m in migrations], notify_trigger=notify_trigger
+    )
     by_version = {m.version: m for m in migrations}
     applied = [by_version[v] for v in applied_now]
     already = [by_version[e.version] for e in ledger if e.version in by_version]
-    return MigrationReport(applied=applied, already=already)
+    return MigrationReport(
+        applied=applied,
+        already=already,
+        notify_trigger=notify_trigger,
+        notify_trigger_changed=changed,
+    )
 
 
 async def require_current(store: Store, migrations: list[Migration] | None = None) -> None:
@@ -107,6 +119,7 @@ async def connect_and_migrate(
     *,
     connect_timeout_s: float = 10.0,
     statement_timeout_s: float = 300.0,
+    notify_trigger: bool = True,
 ) -> MigrationReport:
     """Connect, migrate `table`, close: what `relayd migrate` does. Adopting a large outbox
     may take a while, hence a statement timeout of at least five minutes by default."""
@@ -118,6 +131,6 @@ async def connect_and_migrate(
         statement_timeout_s=statement_timeout_s,
     )
     try:
-        return await migrate(store)
+        return await migrate(store, notify_trigger=notify_trigger)
     finally:
         await store.close()

@@ -9,16 +9,21 @@ answer tells where the next one goes:
 
 - `head`: the smallest `available_at` of the pending rows the claim saw from the watermark
   on (leased, scheduled and paused ones too: they become claimable in place);
-- a row a claim could not see yet belongs to a transaction that had not committed; its
-  `available_at` (default `clock_timestamp()` at INSERT) is no earlier than that
-  transaction's start, and a transaction that had already written shows in `pg_stat_activity`
-  with an xid (`writers_since`, the oldest such start). One that writes later inserts later.
+- a row a claim could not see yet belongs to a transaction that had not committed. Its
+  `available_at` default, `relayd_available_at()` (the due_once_writing migration), gives
+  the transaction an xid before it reads the clock, so from that stamp on the transaction
+  shows in `pg_stat_activity` as a writer, with a start no later than the stamp
+  (`writers_since`, the oldest such start; the claim's own start when there is none).
+  Whatever the INSERT does before or after (triggers, CHECKs, other defaults), a row is
+  never stamped before its transaction is visible as a writer.
   `writers_since` is taken from the previous claim's answer, so a transaction that commits
   between one statement's snapshot and its reading of `pg_stat_activity` is still covered.
 
-Rows whose producer set `available_at` in the past by hand (or a transaction prepared for
-two-phase commit) can fall below the watermark: every `full_scan_every_s` the claim reads the
-whole index again, so such a row waits at most that long. Pure: the clock is passed in.
+Rows whose producer set `available_at` in the past by hand, or whose transaction was prepared
+for two-phase commit (it leaves `pg_stat_activity` at PREPARE TRANSACTION and may commit much
+later), can fall below the watermark: every `full_scan_every_s` the claim reads the whole
+index again, so such a row waits at most that long (plus a poll interval for an idle worker).
+Pure: the clock is passed in.
 """
 
 from __future__ import annotations

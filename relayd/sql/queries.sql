@@ -20,9 +20,12 @@
 -- back, and which a scan from the start would step over on every claim. Each answer carries
 -- what the next watermark is made of: `head`, the smallest available_at of the pending rows
 -- from $5 on (leased, scheduled or paused ones too), and `writers_since`, the start of the
--- oldest transaction of this database that has written something and not ended (its rows,
--- when it commits, were inserted no earlier; NULL if a writer's start is hidden from this
--- role). They arrive on one extra row whose claim columns are NULL (last, though nothing
+-- oldest transaction of this database that has written something and not ended (its rows
+-- were stamped no earlier: the default relayd_available_at() stamps a row once its
+-- transaction is a writer; NULL if a writer's start is hidden from this role). With no writer it is
+-- this statement's start, not the time pg_stat_activity was read: a transaction that became
+-- a writer after that read stamps its rows later than the statement's start, but perhaps
+-- earlier than the end of the read. They arrive on one extra row whose claim columns are NULL (last, though nothing
 -- orders the two parts; the caller looks for it), so that a claim of 100 rows does not
 -- send and decode the same two timestamps 100 times.
 -- params: $1 limit int, $2 owner token uuid, $3 lease_s float8, $4 outbox table text,
@@ -37,7 +40,7 @@ WITH marks AS (
            -- NULL when a writer's start is hidden from us (another role's session, without
            -- pg_read_all_stats): nothing is known, and the next claim reads the whole index.
            (SELECT CASE WHEN bool_or(xact_start IS NULL) THEN NULL
-                        ELSE coalesce(min(xact_start), clock_timestamp()) END
+                        ELSE coalesce(min(xact_start), now()) END
             FROM pg_stat_activity
             WHERE backend_xid IS NOT NULL AND datname = current_database()
               AND pid <> pg_backend_pid()) AS writers_since
@@ -105,7 +108,9 @@ FROM settled;
 
 -- name: settle_retry
 -- Schedule another attempt after a backoff; refund the attempt when the failure was the
--- sink's, not the row's (C5). Fenced by the owner token.
+-- sink's, not the row's (C5). Fenced by the owner token. The backoff counts from
+-- relayd_available_at(), not now(): a jittered backoff may be a few microseconds, and a row
+-- due before this statement shows as a writer could fall below a watermark.
 -- params: $1 owner token uuid, $2 event ids uuid[], $3 delays float8[] (seconds),
 --         $4 errors text[], $5 refunds int[] (0 or 1)
 -- Returns NULL when every row was still this owner's (the usual case: nothing to decode),
@@ -113,7 +118,7 @@ FROM settled;
 WITH settled AS (
     UPDATE @outbox@ AS o
     SET lease_owner = NULL,
-        available_at = now() + make_interval(secs => r.delay_s),
+        available_at = @schema@.relayd_available_at() + make_interval(secs => r.delay_s),
         last_error = r.error,
         attempts = greatest(o.attempts - r.refund, 0)
     FROM unnest($2::uuid[], $3::float8[], $4::text[], $5::int[]) AS r(event_id, delay_s, error, refund)
@@ -146,14 +151,15 @@ FROM settled;
 -- name: release
 -- Give back claimed rows whose attempt never started (drain, open breaker): due at once for
 -- any replica, the attempt refunded and the previous attempt time restored, so a row that
--- never reached the sink is not reconciled needlessly. Fenced.
+-- never reached the sink is not reconciled needlessly. Fenced. Due from
+-- relayd_available_at(), as a new row is (settle_retry says why).
 -- params: $1 owner token uuid, $2 event ids uuid[], $3 previous attempt times timestamptz[]
 -- Returns NULL when every row was still this owner's (the usual case: nothing to decode),
 -- else the ids it did update.
 WITH settled AS (
     UPDATE @outbox@ AS o
     SET lease_owner = NULL,
-        available_at = now(),
+        available_at = @schema@.relayd_available_at(),
         attempts = greatest(o.attempts - 1, 0),
         last_attempt_at = r.previous_attempt_at
     FROM unnest($2::uuid[], $3::timestamptz[]) AS r(event_id, previous_attempt_at)
@@ -250,6 +256,30 @@ ORDER BY version;
 -- params: $1 outbox table text, $2 version int, $3 name text, $4 checksum text
 INSERT INTO @schema@.relayd_migrations (outbox_table, version, name, checksum)
 VALUES ($1, $2, $3, $4);
+
+-- name: notify_trigger_state
+-- The outbox's NOTIFY trigger (migration 0001): NULL when it has none, else its
+-- pg_trigger.tgenabled ('D': disabled by hand, it never fires).
+-- params: $1 outbox table text
+SELECT (SELECT tgenabled::text
+        FROM pg_trigger
+        WHERE tgrelid = to_regclass($1)::oid AND tgname = 'relayd_notify_insert');
+
+-- name: notify_trigger_create
+-- One NOTIFY per inserting statement, on the channel 'schema.table' (outbox.notify_trigger
+-- = true): created by 0001, again by `relayd migrate` if it was dropped.
+-- params: none
+CREATE TRIGGER relayd_notify_insert
+    AFTER INSERT ON @outbox@
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION @schema@.relayd_notify_outbox();
+
+-- name: notify_trigger_drop
+-- No NOTIFY from producers' inserts (outbox.notify_trigger = false): PostgreSQL refuses
+-- PREPARE TRANSACTION in a transaction that notified, so two-phase-commit producers need it
+-- gone. Relays then poll.
+-- params: none
+DROP TRIGGER IF EXISTS relayd_notify_insert ON @outbox@;
 
 -- name: ping
 -- Readiness: the database answers.
@@ -607,7 +637,11 @@ redriven AS (
     SET dead_at = NULL,
         dead_reason = NULL,
         attempts = 0,
-        available_at = now(),
+        -- clock_timestamp(), not now(): the row locks of `target` gave this transaction
+        -- its id, so it shows as a writer before the rows are due and they never land
+        -- below a claim's watermark (what relayd_available_at() does for a new row; the
+        -- operator commands do not require the migration that made it).
+        available_at = clock_timestamp(),
         lease_owner = NULL,
         discarded_at = NULL,
         discard_reason = NULL

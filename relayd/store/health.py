@@ -48,6 +48,12 @@ class HealthQueries(StoreBase):
         [record] = await self._fetch("check_sees_writers")
         return bool(record[0])
 
+    async def notify_trigger_state(self) -> str | None:
+        """The outbox's NOTIFY trigger: None if it has none, else pg_trigger.tgenabled."""
+        [record] = await self._fetch("notify_trigger_state", str(self.table))
+        state: str | None = record[0]
+        return state
+
     async def check_listen(self) -> None:
         """LISTEN on the outbox's channel works (it does not on a hot standby)."""
         with _translated("check_listen"):

@@ -64,10 +64,11 @@ class SchemaQueries(StoreBase):
             )
 
     async def apply_migrations(
-        self, migrations: Sequence[MigrationStep]
-    ) -> tuple[list[AppliedMigration], list[int]]:
-        """Apply the steps in order, in one transaction, under an advisory lock; returns the
-        ledger as it was and the versions applied now.
+        self, migrations: Sequence[MigrationStep], *, notify_trigger: bool
+    ) -> tuple[list[AppliedMigration], list[int], bool]:
+        """Apply the steps in order, then create or drop the NOTIFY trigger as
+        `notify_trigger` says, in one transaction, under an advisory lock; returns the ledger
+        as it was, the versions applied now and whether the trigger was created or dropped.
 
         `MigrationError` (and nothing applied) if an applied migration's checksum differs.
         """
@@ -103,4 +104,11 @@ class SchemaQueries(StoreBase):
                         self._q["migrations_record"], outbox, step.version, step.name, step.checksum
                     )
                     applied_now.append(step.version)
-        return ledger, applied_now
+                state = await conn.fetchval(self._q["notify_trigger_state"], outbox)
+                # 'D' is a trigger disabled by hand: recreated when wanted, dropped if not.
+                changed = state in (None, "D") if notify_trigger else state is not None
+                if changed:
+                    await conn.execute(self._q["notify_trigger_drop"])
+                    if notify_trigger:
+                        await conn.execute(self._q["notify_trigger_create"])
+        return ledger, applied_now, changed

@@ -26,11 +26,15 @@ class EmbeddedPostgres:
 
     `durable` keeps PostgreSQL's crash safety (fsync, synchronous commits): for a test that
     crashes the server on purpose, where a scratch server would forget commits it had
-    acknowledged.
+    acknowledged. `prepared_transactions` sets max_prepared_transactions (0, PostgreSQL's
+    default: PREPARE TRANSACTION is refused), for a test of a two-phase-commit producer.
     """
 
-    def __init__(self, base_dir: Path | None = None, *, durable: bool = False) -> None:
+    def __init__(
+        self, base_dir: Path | None = None, *, durable: bool = False, prepared_transactions: int = 0
+    ) -> None:
         self._durable = durable
+        self._prepared_transactions = prepared_transactions
         self._owned_dir = base_dir is None
         self._base = Path(tempfile.mkdtemp(prefix="relayd-pg-")) if base_dir is None else base_dir
         self._server: Any = None
@@ -38,7 +42,15 @@ class EmbeddedPostgres:
     def start(self) -> Self:
         server_module = _import_embedded()
         self._base.mkdir(parents=True, exist_ok=True)
-        self._server = server_module.get_server(self._base / "data", cleanup_mode="delete")
+        data = self._base / "data"
+        if self._prepared_transactions:
+            # Read only at server start, and the wheel starts the server as it creates it:
+            # create it, set the value, stop it (keeping its data), start it again.
+            first = server_module.get_server(data, cleanup_mode="stop")
+            count = int(self._prepared_transactions)
+            first.psql(f"ALTER SYSTEM SET max_prepared_transactions = {count};\n")
+            first.cleanup()
+        self._server = server_module.get_server(data, cleanup_mode="delete")
         settings = "".join(
             f"ALTER SYSTEM SET {name} = '{'on' if self._durable else value}';\n"
             for name, value in _SCRATCH_SETTINGS.items()
