@@ -66,6 +66,7 @@ class Obj(enum.Enum):
     INSTANCES = (Kind.TABLE, "relayd_instances")
     EFFECTIVE_QUEUE = (Kind.FUNCTION, "relayd_effective_queue", "jsonb")
     HELD = (Kind.FUNCTION, "relayd_held", "jsonb, text[], text[], text[]")
+    AVAILABLE_AT = (Kind.FUNCTION, "relayd_available_at", "")
 
     @property
     def kind(self) -> Kind:
@@ -117,6 +118,8 @@ _PENDING: Needs = {  # reads of pending rows that skip paused queues and types
 }
 _BY_QUEUE: Needs = {Obj.OUTBOX: ("SELECT",), Obj.EFFECTIVE_QUEUE: ("EXECUTE",)}
 _FENCED: Needs = {Obj.OUTBOX: ("SELECT", "UPDATE")}  # WHERE and RETURNING read columns too
+# A row due again at once is stamped as a new row is, once the transaction writes.
+_DUE_AGAIN: Needs = {**_FENCED, Obj.AVAILABLE_AT: ("EXECUTE",)}
 _CREATE_DATABASE: Needs = {Obj.DATABASE: ("CREATE",)}
 
 # Every statement relayd runs, by the name it fails under (a named query of
@@ -129,9 +132,9 @@ STATEMENTS: Mapping[str, Needs] = {
     "explain_claim": _CLAIM,  # EXPLAIN checks the privileges of what it plans
     "next_due_s": _PENDING,
     "settle_published": _FENCED,
-    "settle_retry": _FENCED,
+    "settle_retry": _DUE_AGAIN,
     "settle_dead": _FENCED,
-    "release": _FENCED,
+    "release": _DUE_AGAIN,
     "delete_published": {Obj.OUTBOX: ("SELECT", "DELETE")},
     "ping": _NOTHING,
     "connect": _NOTHING,
@@ -146,6 +149,9 @@ STATEMENTS: Mapping[str, Needs] = {
     "migrations_schema_create": _CREATE_DATABASE,  # asked for even when the schema exists
     "migrations_ledger_create": _NOTHING,  # in the schema the migrator owns
     "migrations_record": _NOTHING,
+    "notify_trigger_state": _NOTHING,  # the catalogs
+    "notify_trigger_create": _NOTHING,  # on the table the migrator owns
+    "notify_trigger_drop": _NOTHING,
     # The backlog: the sampler, `relayd status`, `/v1/status`, the heartbeat.
     "backlog_sample": _PENDING,
     "backlog_top": _BY_QUEUE,

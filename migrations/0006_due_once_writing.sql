@@ -1,4 +1,4 @@
--- 0005_due_once_writing: a new row's available_at is stamped only once its transaction shows
+-- 0006_due_once_writing: a new row's available_at is stamped only once its transaction shows
 -- in pg_stat_activity as a writer (relayd/watermark.py, docs/performance.md).
 --
 -- A transaction gets its id, and shows as a writer, at its first write. A column default is
