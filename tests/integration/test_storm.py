@@ -73,10 +73,12 @@ async def test_rejections_of_one_queue_and_type_pause_only_them(
     same queue, and another queue, publish meanwhile; 3. `relayd status` shows the pause and
     the rows it holds, `relayd held list` lists them; 4. `relayd held discard --all` takes
     them out, dead-lettered and discarded at once, audited; nothing is pending."""
+    # The rejected rows come first in claim order, and one worker claims them first: on a
+    # guard that paused everything, every row behind them would wait for an operator.
     bad = await _bad(conn, 60)
-    ship = await produce(conn, 30, job_type="order.ship", queue="orders")
-    mail = await produce(conn, 30, job_type="mail.send", queue="mail")
-    settings = relay_settings(database.dsn, emulator.url, relay=STORM)
+    ship = await produce(conn, 100, job_type="order.ship", queue="orders")
+    mail = await produce(conn, 100, job_type="mail.send", queue="mail")
+    settings = relay_settings(database.dsn, emulator.url, relay=STORM | {"workers": 1})
     env = cli_env | {"RELAYD_DATABASE__DSN": database.dsn}
     async with running(settings) as relay:
 
