@@ -19,7 +19,7 @@ on the verdicts.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from relayd.models import DeadLetter, DeadReason, NotStarted, Outcome
@@ -73,9 +73,19 @@ class StormGuard:
 
     def observe(self, outcomes: Iterable[tuple[Key, Outcome]], now: float) -> list[Key]:
         """Record a claim's outcomes; the keys this trips (each once per storm)."""
-        touched: set[Key] = set()
+        settled: dict[Key, list[bool]] = {}
         for key, outcome in outcomes:
-            if isinstance(outcome, NotStarted) or key in self.trips:
+            if not isinstance(outcome, NotStarted):
+                settled.setdefault(key, []).append(sink_rejected(outcome))
+        return self.record(settled, now)
+
+    def record(self, settled: Mapping[Key, Sequence[bool]], now: float) -> list[Key]:
+        """`observe`, with a claim's settled rows already grouped: per key, whether each was
+        rejected by the sink. The hot path: a claim holds few keys, so the guard's memory is
+        touched once per key, not once per row."""
+        tripped: list[Key] = []
+        for key in sorted(settled):
+            if key in self.trips:
                 continue
             recent = self._recent.get(key)
             if recent is None:
@@ -84,12 +94,8 @@ class StormGuard:
                     self._recent.popitem(last=False)
             else:
                 self._recent.move_to_end(key)
-            recent.append(sink_rejected(outcome))
-            touched.add(key)
-        tripped: list[Key] = []
-        for key in sorted(touched):
-            recent = self._recent.get(key)
-            if recent is None or len(recent) < self._window:
+            recent.extend(settled[key])
+            if len(recent) < self._window:
                 continue
             rejected = sum(recent)
             if rejected > self._threshold * len(recent):

@@ -19,7 +19,7 @@ from relayd.errors import DatabaseUnavailable, StatementError
 from relayd.housekeeping import Chore, Housekeeping
 from relayd.logs import get_logger
 from relayd.metrics import RelayMetrics
-from relayd.models import Held, Outcome
+from relayd.models import Held, NotStarted, Outcome
 from relayd.store import Store
 from relayd.storm import Key, StormGuard, sink_rejected
 
@@ -57,17 +57,24 @@ class StormHold:
         the database now (another replica's guard, or an operator, paused them while this
         claim was in flight: dead-lettering them would exceed the one window each replica
         may spend)."""
-        observed = ((keys[event_id], o) for event_id, o in outcomes.items() if event_id in keys)
-        tripped = self.guard.observe(observed, asyncio.get_running_loop().time())
+        # One pass over the rows: per key, which were rejected (for the guard), and the ids
+        # of the rejected ones (checked against the pauses below).
+        settled: dict[Key, list[bool]] = {}
+        rejected_ids: list[str] = []
+        for event_id, outcome in outcomes.items():
+            key = keys.get(event_id)
+            if key is None or isinstance(outcome, NotStarted):
+                continue
+            refused = sink_rejected(outcome)
+            settled.setdefault(key, []).append(refused)
+            if refused:
+                rejected_ids.append(event_id)
+        tripped = self.guard.record(settled, asyncio.get_running_loop().time())
         if tripped:
             await self._pause(tripped)
         trips = self.guard.trips
-        held = {event_id for event_id, key in keys.items() if key in trips}
-        rejected = [
-            event_id
-            for event_id, outcome in outcomes.items()
-            if sink_rejected(outcome) and event_id in keys and event_id not in held
-        ]
+        held = {event_id for event_id, key in keys.items() if key in trips} if trips else set()
+        rejected = [event_id for event_id in rejected_ids if event_id not in held]
         if not rejected:
             return held
         try:
