@@ -36,8 +36,8 @@ from relayd.deadletters_output import (
     iso,
     render_list,
     render_show,
-    render_summary,
     row_json,
+    write_summary,
 )
 from relayd.errors import EXIT_FAILURE, EXIT_OK
 from relayd.operator import (
@@ -157,10 +157,7 @@ def _action_command(
     finally:
         if progress is not None:
             progress.done()
-    if args.json:
-        sys.stdout.write(json.dumps(summary.as_json()) + "\n")
-    else:
-        render_summary(summary, sys.stdout, actor=audit.actor)
+    write_summary(summary, sys.stdout, actor=audit.actor, as_json=args.json)
     # Named rows are each an instruction: one not carried out is a failure (the others
     # were still acted on); one discarded already is where it was asked to be. With --all,
     # skipped rows are reported, not failed.

@@ -85,6 +85,14 @@ def pretty_job(text: str) -> str:
         return text
 
 
+def write_summary(summary: ActionSummary, out: TextIO, *, actor: str, as_json: bool) -> None:
+    """An action's summary on `out`: its JSON for scripts, else the human lines."""
+    if as_json:
+        out.write(json.dumps(summary.as_json()) + "\n")
+    else:
+        render_summary(summary, out, actor=actor)
+
+
 def render_summary(summary: ActionSummary, out: TextIO, *, actor: str) -> None:
     held = summary.action is DlqAction.DISCARD_HELD
     if summary.matched == 0:

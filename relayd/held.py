@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from relayd.config import load_settings
 from relayd.deadletters_actions import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, ActionSummary
 from relayd.deadletters_filters import parse_ids
-from relayd.deadletters_output import Progress, iso, render_summary
+from relayd.deadletters_output import Progress, iso, write_summary
 from relayd.errors import EXIT_FAILURE, EXIT_OK
 from relayd.operator import (
     BadInput,
@@ -120,10 +120,7 @@ def discard_command(args: argparse.Namespace) -> int:
     finally:
         if progress is not None:
             progress.done()
-    if args.json:
-        sys.stdout.write(json.dumps(summary.as_json()) + "\n")
-    else:
-        render_summary(summary, sys.stdout, actor=audit.actor)
+    write_summary(summary, sys.stdout, actor=audit.actor, as_json=args.json)
     return EXIT_FAILURE if ids and summary.skipped else EXIT_OK
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 from typing import Any, TextIO
 
@@ -35,30 +36,32 @@ _MAX_REASON_CHARS = 1000
 QUEUE_USE_ROWS = 1_000_000
 
 
+# A pause's wildcard when no queue (or no type) is named: EVERY_QUEUE and EVERY_TYPE alike.
+_EVERY = "*"
+
+
 def queue_arg(value: str | None) -> str:
     """`--queue Q` as stored: an OJS queue name, or `'*'` (every queue) when absent."""
-    if value is None:
-        return EVERY_QUEUE
-    if value == EVERY_QUEUE:
-        raise BadInput("--queue: leave it out to act on every queue")
-    if not QUEUE_PATTERN.match(value) or len(value) > MAX_QUEUE_CHARS:
-        raise BadInput(
-            f"--queue: {value[:60]!r} is not a queue name "
-            f"({QUEUE_PATTERN.pattern}, at most {MAX_QUEUE_CHARS} characters)"
-        )
-    return value
+    return _name_arg(value, "--queue", "queue name", QUEUE_PATTERN, MAX_QUEUE_CHARS)
 
 
 def type_arg(value: str | None) -> str:
     """`--type T` as stored: an OJS job type, or `'*'` (every type) when absent."""
+    return _name_arg(value, "--type", "job type", TYPE_PATTERN, MAX_TYPE_CHARS)
+
+
+def _name_arg(
+    value: str | None, option: str, what: str, pattern: re.Pattern[str], most: int
+) -> str:
+    """A queue or type name, checked; absent, the pause's wildcard ('*': every one)."""
     if value is None:
-        return EVERY_TYPE
-    if value == EVERY_TYPE:
-        raise BadInput("--type: leave it out to act on every type")
-    if not TYPE_PATTERN.match(value) or len(value) > MAX_TYPE_CHARS:
+        return _EVERY
+    if value == _EVERY:
+        raise BadInput(f"{option}: leave it out to act on every {option.removeprefix('--')}")
+    if not pattern.match(value) or len(value) > most:
         raise BadInput(
-            f"--type: {value[:60]!r} is not a job type "
-            f"({TYPE_PATTERN.pattern}, at most {MAX_TYPE_CHARS} characters)"
+            f"{option}: {value[:60]!r} is not a {what} "
+            f"({pattern.pattern}, at most {most} characters)"
         )
     return value
 
