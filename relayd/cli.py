@@ -270,23 +270,7 @@ def _run(args: argparse.Namespace) -> int:
     from relayd.daemon import run_daemon  # noqa: PLC0415 - keeps `config show` light
 
     settings = _settings(args)
-    _arm_failpoints()
     return _event_loop_runner()(run_daemon(settings))
-
-
-def _arm_failpoints() -> None:
-    """Arm the fault suite's failpoints and mutant, if $RELAYD_TEST_FAILPOINTS or
-    $RELAYD_TEST_MUTANT name any (relayd/failpoints.py, relayd/mutants.py)."""
-    from relayd import failpoints, mutants  # noqa: PLC0415
-
-    try:
-        failpoints.arm()
-    except failpoints.FailpointSpecError as exc:
-        raise ConfigError(failpoints.ENV, str(exc)) from None
-    try:
-        mutants.arm()
-    except mutants.MutantSpecError as exc:
-        raise ConfigError(mutants.ENV, str(exc)) from None
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, int]], int]:
@@ -471,7 +455,6 @@ def _emulator(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise ConfigError("emulator", str(exc)) from None
-    _arm_failpoints()
     serve(host, port, config, ssl_context=ssl_context)
     return EXIT_OK
 

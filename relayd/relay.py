@@ -25,7 +25,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from relayd import failpoints, mutants
 from relayd.breaker import BreakerGate
 from relayd.config import Settings
 from relayd.errors import DatabaseUnavailable, StatementError, WorkerCrashed
@@ -171,15 +170,9 @@ class RelayWorker:
             if full:
                 self._ctx.wakeup.notify()  # more may be due: another idle worker joins in
             held = [row.event_id for row in claim.rows]
-            if failpoints.ARMED:
-                await failpoints.reach("after_claim")
-            if mutants.ACTIVE == "mark_before_post":
-                await self._ctx.store.settle_published(claim.owner, held, ["mutant"] * len(held))
             step = "publish"
             outcomes, keys = await self.publish(claim)
             step = "settle"
-            if failpoints.ARMED and any(isinstance(o, Published) for o in outcomes.values()):
-                await failpoints.reach("after_2xx")
             await self.settle(claim, outcomes, keys)
             return full
         except (DatabaseUnavailable, WorkerCrashed):
@@ -331,10 +324,6 @@ class RelayWorker:
                 or loop.time() > claim.start_by
             ):
                 return {row.event_id: NotStarted() for row in rows}
-            if failpoints.ARMED:
-                # After the start-by check: a pause here past the lease leaves the sink's own
-                # check (send_by) as the one that must hold.
-                await failpoints.reach("before_post")
             started, timer = loop.time(), time.perf_counter()
             deadline = min(started + self._ctx.settings.sink.timeout_s, self._grace_ends)
             try:
@@ -366,8 +355,6 @@ class RelayWorker:
         self, claim: Claim, outcomes: dict[str, Outcome], keys: Mapping[str, Key]
     ) -> None:
         """Record every outcome with fenced UPDATEs, shielded from cancellation."""
-        if failpoints.ARMED and self._ctx.stopping.is_set():
-            await failpoints.reach("during_drain")
         storm_rows = await self._ctx.storm.observe(outcomes, keys)
         settlement = plan(
             claim.rows,
@@ -385,8 +372,6 @@ class RelayWorker:
             self.in_flight = 0
 
     async def _write(self, claim: Claim, settlement: SettlementPlan) -> None:
-        if failpoints.ARMED:
-            await failpoints.reach("before_settle")
         store, owner = self._ctx.store, claim.owner
         published, retried = settlement.published, settlement.retried
         dead, released = settlement.dead, settlement.released

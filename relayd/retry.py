@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
-from relayd import mutants
-
 # RFC 9110 delta-seconds: ASCII digits only (str.isdigit() also accepts "²" and "٣").
 _DELTA_SECONDS = re.compile(r"[0-9]+")
 
@@ -47,8 +45,6 @@ class Backoff:
         if retry_after_s is not None:
             return min(max(retry_after_s, 0.0), self.cap_s)
         ceiling = min(self.cap_s, self.base_s * 2.0 ** min(max(attempt - 1, 0), 64))
-        if mutants.ACTIVE == "no_jitter":
-            return ceiling
         return self.rng.uniform(0.0, ceiling)
 
 

@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import aiohttp
 
-from relayd import __version__, mutants
+from relayd import __version__
 from relayd.config import SinkSettings
 from relayd.models import (
     ClaimedRow,
@@ -203,15 +203,13 @@ class OjsSink:
 
     async def _publish_row(self, row: ClaimedRow, envelope: Envelope, send_by: float) -> Outcome:
         """GET first if an earlier attempt may have landed, else POST; a 409 is reconciled."""
-        if row.claimed_before and mutants.ACTIVE != "post_without_get":
+        if row.claimed_before:
             found = await self.reconcile(row, envelope)
             if not isinstance(found, NotFound):
                 return found
         posted = await self._post(row, send_by)
         if not isinstance(posted, Reconcile):
             return posted
-        if mutants.ACTIVE == "conflict_is_success":
-            return Published(sink_state="conflict")
         found = await self._get(row, envelope, suffix="-reconcile")
         if not isinstance(found, NotFound):
             return found

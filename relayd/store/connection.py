@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, Self
 
 import asyncpg
 
-from relayd import mutants
 from relayd.errors import ConfigError, DatabaseUnavailable, PrivilegeError, StatementError
 from relayd.models import OutboxTable
 from relayd.privileges import explain_denial
@@ -128,8 +127,6 @@ class StoreBase:
         self._dsn = dsn
         self.table = table
         self._q = load_queries(table)
-        if mutants.ACTIVE:  # the fault suite's negative controls only
-            self._q = mutants.mutate_queries(self._q)
 
     @classmethod
     async def connect(  # noqa: PLR0913 - keyword-only pool options

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from relayd import mutants
 from relayd.models import ClaimBatch, ClaimedRow
 from relayd.store.connection import StoreBase, _translated
 
@@ -25,8 +24,6 @@ class CycleQueries(StoreBase):
         """Lease up to `limit` due rows, scanning the claim index from `scan_from` (None: from
         its start); the answer carries the marks of the next watermark."""
         args: tuple[object, ...] = (limit, owner, lease_s, str(self.table), scan_from)
-        if mutants.ACTIVE == "host_clock_leases":
-            args += (datetime.now(UTC),)
         records = await self._fetch("claim", *args)
         rows: list[ClaimedRow] = []
         head = writers_since = None

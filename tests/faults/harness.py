@@ -61,15 +61,22 @@ def child_env(extra: Mapping[str, str]) -> dict[str, str]:
     inherited = {
         k: v
         for k, v in os.environ.items()
-        # A mutant (relayd/mutants.py) selected for a negative control reaches every relay.
+        # A mutant (relayd/testing/mutants.py) selected for a negative control reaches every
+        # relay.
         if not k.startswith("RELAYD_") or k in ("RELAYD_TEST_OJS_CONFORMANCE", "RELAYD_TEST_MUTANT")
     }
     return inherited | dict(extra)
 
 
-def relayd_argv(*args: str) -> list[str]:
-    """`relayd ARGS` run by this interpreter."""
-    return [sys.executable, "-m", "relayd", *args]
+# What arms a process's failpoints and mutant: only the test launcher reads them.
+TEST_SWITCHES = ("RELAYD_TEST_FAILPOINTS", "RELAYD_TEST_MUTANT")
+
+
+def relayd_argv(*args: str, switched: bool = False) -> list[str]:
+    """`relayd ARGS` run by this interpreter; `switched`: through the test launcher, which
+    installs the failpoints and mutant its environment names (relayd/testing/launch.py)."""
+    module = "relayd.testing.launch" if switched else "relayd"
+    return [sys.executable, "-m", module, *args]
 
 
 async def await_ok(http: aiohttp.ClientSession, url: str, proc: Process) -> None:
@@ -190,7 +197,7 @@ class Scene:
     table: str = str(DEFAULT_TABLE)
     sink: Sink | None = None
     processes: list[Process] = field(default_factory=list)
-    # A deliberately broken relay (relayd/mutants.py) for every relay started from now on:
+    # A deliberately broken relay (relayd/testing/mutants.py) for every relay started now on:
     # the negative controls of tests/faults/test_mutants.py.
     mutant: str | None = None
 
@@ -269,8 +276,10 @@ class Scene:
         return proc
 
     async def _spawn(self, name: str, args: list[str], env: Mapping[str, str]) -> Process:
-        """`relayd ARGS` as process `name`."""
-        return await self.spawn(name, relayd_argv(*args), env)
+        """`relayd ARGS` as process `name`, through the test launcher if its environment
+        arms a failpoint or a mutant."""
+        switched = any(child_env(env).get(key) for key in TEST_SWITCHES)
+        return await self.spawn(name, relayd_argv(*args, switched=switched), env)
 
     async def _await_ok(self, url: str, proc: Process) -> None:
         await await_ok(self.http, url, proc)

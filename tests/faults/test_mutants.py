@@ -1,4 +1,4 @@
-"""Negative controls: each deliberately broken relay (relayd/mutants.py) makes at least one
+"""Negative controls: each deliberately broken relay (relayd/testing/mutants.py) makes at least one
 fault scenario fail, with the violation that mutant should cause. A scenario that still
 passed against a mutant would prove nothing about the rule that mutant breaks."""
 
@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from relayd.mutants import MUTANTS
+from relayd.testing.mutants import MUTANTS
 from tests.faults import test_clock as clock
 from tests.faults import test_relay_crashes as crashes
 from tests.faults import test_retries as retries

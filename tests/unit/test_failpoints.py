@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from relayd import failpoints
-from relayd.failpoints import ENV, FailpointHit, FailpointSpecError, arm, parse, reach
+from relayd.testing import failpoints
+from relayd.testing.failpoints import ENV, FailpointHit, FailpointSpecError, arm, parse, reach
 
 
 @pytest.fixture(autouse=True)
@@ -96,7 +96,7 @@ async def test_delay_sleeps_with_the_loop_running() -> None:
 
 _CHILD = """
 import asyncio, sys
-from relayd import failpoints
+from relayd.testing import failpoints
 failpoints.arm()
 asyncio.run(failpoints.reach("after_claim"))
 print("went on", flush=True)

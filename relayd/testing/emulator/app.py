@@ -20,8 +20,8 @@ from typing import Any, Self
 
 from aiohttp import web
 
-from relayd import failpoints
 from relayd.producer import uuid7
+from relayd.testing import failpoints
 from relayd.testing.emulator.config import EmulatorConfig
 from relayd.testing.emulator.producer import ProducerEndpoints
 from relayd.testing.emulator.state import EmulatorState, LedgerEntry

@@ -1,5 +1,7 @@
 """Failpoints: named places in the relay's cycle where a fault test makes the real process
-fail, armed by one environment variable and inert without it.
+fail. relayd itself has none: `install` wraps the methods between which each place lies,
+and only the test launcher (relayd/testing/launch.py) calls it, for a process the fault
+suite starts as `python -m relayd.testing.launch run`.
 
 ``RELAYD_TEST_FAILPOINTS`` holds ``NAME=ACTION`` pairs separated by ``;``::
 
@@ -13,18 +15,20 @@ reached only; without it, every time.
 
 The places (`POINTS`), in the order a cycle reaches them:
 
-- ``after_claim``: the claim statement committed and its rows came back, nothing sent yet;
-- ``before_post``: an attempt is about to send its request (a row, or a batch);
-- ``after_2xx``: the sink accepted at least one row, nothing settled yet;
+- ``after_claim``: the claim statement committed and its rows came back, nothing sent yet
+  (the start of `RelayWorker.publish`);
+- ``before_post``: an attempt passed its start-by check and is about to send its request, a
+  row or a batch (the start of the sink's `publish`);
+- ``after_2xx``: the sink accepted at least one row, nothing settled yet (the end of
+  `RelayWorker.publish`);
 - ``before_settle``: the settle statements are about to be sent (each commits on its own,
   so a process that dies here has committed none of them);
 - ``during_drain``: a worker is settling its last claim after a stop began (SIGTERM);
 - ``sink_after_store``: in ``relayd emulator``, a POST's jobs are stored and its answer is
-  not sent yet.
+  not sent yet (the emulator is test code: it tests `ARMED` itself).
 
-Unset (the case in production), `ARMED` is empty and each place costs one test of an empty
-dict. The variable is read only by `relayd run` and `relayd emulator` at start-up (`arm`); a
-malformed value is a configuration error (exit 2) naming the variable.
+The launcher reads the variable at start-up (`arm`); a malformed value exits 2 in one line
+naming the variable.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, Literal, cast, get_args
+from typing import Any, Final, Literal, cast, get_args
+
+from relayd.models import Published
+from relayd.testing.patches import Patches
 
 ENV: Final = "RELAYD_TEST_FAILPOINTS"
 
@@ -76,8 +83,7 @@ class Failpoint:
         return self.at is None or self.reached == self.at
 
 
-# Armed failpoints by place: empty unless `arm` found the variable. Call sites test it first
-# (`if failpoints.ARMED:`), so an unarmed process never even calls `reach`.
+# Armed failpoints by place: empty unless `arm` found the variable.
 ARMED: Final[dict[str, Failpoint]] = {}
 
 
@@ -141,3 +147,50 @@ async def reach(point: Point) -> None:
         raise FailpointHit(point)
     else:
         await asyncio.sleep(armed.delay_s)
+
+
+def install(patches: Patches) -> None:
+    """Put the armed relay failpoints where their places are, by wrapping relayd's methods
+    (none unless `arm` armed one of them)."""
+    from relayd.relay import RelayWorker  # noqa: PLC0415 - only once something is armed
+    from relayd.sinks.ojs import OjsSink  # noqa: PLC0415
+
+    if not ARMED.keys() - {"sink_after_store"}:
+        return
+
+    def publish(original: Any) -> Any:
+        async def wrapped(self: RelayWorker, claim: Any) -> Any:
+            await reach("after_claim")
+            outcomes, keys = await original(self, claim)
+            if any(isinstance(o, Published) for o in outcomes.values()):
+                await reach("after_2xx")
+            return outcomes, keys
+
+        return wrapped
+
+    def send(original: Any) -> Any:
+        async def wrapped(self: OjsSink, *args: Any, **kwargs: Any) -> Any:
+            await reach("before_post")
+            return await original(self, *args, **kwargs)
+
+        return wrapped
+
+    def settle(original: Any) -> Any:
+        async def wrapped(self: RelayWorker, *args: Any) -> Any:
+            if self._ctx.stopping.is_set():
+                await reach("during_drain")
+            return await original(self, *args)
+
+        return wrapped
+
+    def write(original: Any) -> Any:
+        async def wrapped(self: RelayWorker, *args: Any) -> Any:
+            await reach("before_settle")
+            return await original(self, *args)
+
+        return wrapped
+
+    patches.wrap(RelayWorker, "publish", publish)
+    patches.wrap(OjsSink, "publish", send)
+    patches.wrap(RelayWorker, "settle", settle)
+    patches.wrap(RelayWorker, "_write", write)

@@ -1,0 +1,50 @@
+"""`python -m relayd.testing.launch ARGS`: `relayd ARGS` with the fault suite's failpoints
+and mutant installed from outside (relayd/testing/failpoints.py, relayd/testing/mutants.py),
+as `RELAYD_TEST_FAILPOINTS` and `RELAYD_TEST_MUTANT` name them.
+
+relayd itself reads neither variable: a production relay started with them set runs
+unchanged. Only this launcher, which the fault suite starts instead of `relayd`, arms
+anything. A malformed value exits 2 in one line naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+
+from relayd.errors import EXIT_USAGE
+from relayd.testing import failpoints, mutants
+from relayd.testing.patches import Patches
+
+
+def install(environ: Mapping[str, str], patches: Patches) -> None:
+    """Arm and install what `environ` names; `FailpointSpecError` or `MutantSpecError` if a
+    value does not parse."""
+    failpoints.arm(environ)
+    mutant = mutants.selected(environ)
+    if mutant is not None:
+        mutants.install(mutant, patches)
+        # Said where the fault suite reads a process's output: a relay that is broken on
+        # purpose must never pass for a real one.
+        sys.stderr.write(f"mutant {mutant}: installed\n")
+        sys.stderr.flush()
+    # Outermost: a failpoint's place is where the cycle reaches it, before a mutant's step
+    # (`after_claim` comes before `mark_before_post` marks the rows).
+    failpoints.install(patches)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from relayd.cli import main as relayd_main  # noqa: PLC0415 - after the patches' imports
+
+    try:
+        install(os.environ, Patches())
+    except (failpoints.FailpointSpecError, mutants.MutantSpecError) as exc:
+        env = failpoints.ENV if isinstance(exc, failpoints.FailpointSpecError) else mutants.ENV
+        sys.stderr.write(f"relayd: config error: {env}: {exc}\n")
+        return EXIT_USAGE
+    return relayd_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
