@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bench import backlog, drain, horizon, lag, memory, replicas
-from bench.harness import Bench, BenchError, Result, open_bench
+from bench.harness import Bench, open_bench
+from bench.measure import BenchError, Result
 
 SCENARIOS: dict[str, Callable[[Bench], Awaitable[Result]]] = {
     drain.NAME: drain.run,

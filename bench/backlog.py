@@ -20,16 +20,8 @@ import uuid
 
 import asyncpg
 
-from bench.harness import (
-    Bench,
-    BenchError,
-    Result,
-    drop_outbox,
-    fill,
-    median,
-    new_outbox,
-    ratio,
-)
+from bench.harness import Bench, drop_outbox, fill, new_outbox
+from bench.measure import BenchError, Result, median, ratio
 from relayd.models import OutboxTable
 from relayd.store import Store
 from relayd.watermark import Watermark

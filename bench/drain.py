@@ -22,17 +22,14 @@ import asyncpg
 
 from bench.harness import (
     Bench,
-    Drain,
-    Result,
     average_envelope_bytes,
     drain_timeout_s,
     drop_outbox,
     filled_outbox,
     paused_relays,
-    ratio,
     reset_emulator,
-    warnings_line,
 )
+from bench.measure import Drain, Result, ratio, warnings_line
 from relayd.models import OutboxTable
 
 NAME = "drain"

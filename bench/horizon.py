@@ -32,22 +32,19 @@ from bench.backlog import claim_settle_ms, open_store
 from bench.harness import (
     POLL_S,
     Bench,
-    BenchError,
     Relays,
-    Result,
     count_pending,
     count_published,
     drain_timeout_s,
     drop_outbox,
     fill,
     new_outbox,
-    ratio,
     require_no_dead_letters,
     reset_emulator,
     sink_kept_small,
     start_relays,
-    warnings_line,
 )
+from bench.measure import BenchError, Result, ratio, warnings_line
 from relayd.models import OutboxTable
 
 NAME = "horizon"

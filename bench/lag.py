@@ -27,19 +27,16 @@ import asyncpg
 
 from bench.harness import (
     Bench,
-    Result,
     drain_timeout_s,
     drop_outbox,
     new_outbox,
-    percentile,
-    ratio,
     require_no_dead_letters,
     reset_emulator,
     sink_kept_small,
     start_relays,
     wait_drained,
-    warnings_line,
 )
+from bench.measure import Result, percentile, ratio, warnings_line
 from relayd.models import OutboxTable
 from relayd.producer import enqueue_many, new_job
 

@@ -19,19 +19,14 @@ import asyncpg
 
 from bench.harness import (
     Bench,
-    Result,
-    RssSampler,
     drain_timeout_s,
     drop_outbox,
     fill,
     new_outbox,
     paused_relays,
-    peak_rss_mib,
-    ratio,
     reset_emulator,
-    rss_mib,
-    warnings_line,
 )
+from bench.measure import Result, RssSampler, peak_rss_mib, ratio, rss_mib, warnings_line
 
 NAME = "memory"
 ROWS = {"full": 5_000_000, "quick": 200_000}

@@ -18,17 +18,14 @@ import asyncpg
 
 from bench.harness import (
     Bench,
-    Drain,
-    Result,
     drain_timeout_s,
     drop_outbox,
     filled_outbox,
     ledger,
     paused_relays,
-    ratio,
     reset_emulator,
-    warnings_line,
 )
+from bench.measure import Drain, Result, ratio, warnings_line
 
 NAME = "replicas"
 COUNTS = (1, 2, 4)  # the first is the baseline
