@@ -11,7 +11,7 @@ from typing import Any, TextIO
 from relayd import jsonvalue
 from relayd.deadletters_actions import ActionSummary
 from relayd.operator_models import DeadLetterRow, DlqAction
-from relayd.terminal import printable
+from relayd.terminal import columns, printable
 
 # Ids printed by name in a human summary; past that, counts only.
 _IDS_SHOWN = 20
@@ -44,10 +44,8 @@ def render_list(
         # 512 bytes), and cutting it would leave only the status (--json has it too).
         cells.append(_clean(row.last_error) or "-")
         table.append(cells)
-    widths = [max(len(line[i]) for line in table) for i in range(len(header) - 1)]
-    for line in table:
-        padded = [cell.ljust(width) for cell, width in zip(line, widths, strict=False)]
-        out.write("  ".join([*padded, line[-1]]).rstrip() + "\n")
+    for line in columns(table):
+        out.write(line + "\n")
     more = "; there may be more: raise --limit or narrow the filters" if len(rows) == limit else ""
     noun = "dead letter" if len(rows) == 1 else "dead letters"
     out.write(f"{len(rows)} {noun}, newest first{more}\n")

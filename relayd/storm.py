@@ -19,7 +19,7 @@ on the verdicts.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from relayd.models import DeadLetter, DeadReason, NotStarted, Outcome
@@ -40,6 +40,25 @@ MAX_KEYS = 1024
 
 def sink_rejected(outcome: Outcome) -> bool:
     return isinstance(outcome, DeadLetter) and outcome.reason in SINK_REJECTIONS
+
+
+def settled_by_key(
+    outcomes: Mapping[str, Outcome], keys: Mapping[str, Key]
+) -> tuple[dict[Key, list[bool]], list[str]]:
+    """A claim's outcomes as the guard counts them: per key, whether each settled row was
+    rejected by the sink (rows released unstarted were not settled; rows without a key, whose
+    envelope did not parse, are not the sink's to reject), and the ids of the rejected rows."""
+    settled: dict[Key, list[bool]] = {}
+    rejected: list[str] = []
+    for event_id, outcome in outcomes.items():
+        key = keys.get(event_id)
+        if key is None or isinstance(outcome, NotStarted):
+            continue
+        refused = sink_rejected(outcome)
+        settled.setdefault(key, []).append(refused)
+        if refused:
+            rejected.append(event_id)
+    return settled, rejected
 
 
 @dataclass(slots=True)
@@ -71,18 +90,10 @@ class StormGuard:
         self._recent: OrderedDict[Key, deque[bool]] = OrderedDict()
         self.trips: dict[Key, Trip] = {}
 
-    def observe(self, outcomes: Iterable[tuple[Key, Outcome]], now: float) -> list[Key]:
-        """Record a claim's outcomes; the keys this trips (each once per storm)."""
-        settled: dict[Key, list[bool]] = {}
-        for key, outcome in outcomes:
-            if not isinstance(outcome, NotStarted):
-                settled.setdefault(key, []).append(sink_rejected(outcome))
-        return self.record(settled, now)
-
     def record(self, settled: Mapping[Key, Sequence[bool]], now: float) -> list[Key]:
-        """`observe`, with a claim's settled rows already grouped: per key, whether each was
-        rejected by the sink. The hot path: a claim holds few keys, so the guard's memory is
-        touched once per key, not once per row."""
+        """Record a claim's settled rows, grouped by key (`settled_by_key`); the keys this
+        trips (each once per storm). A claim holds few keys: the guard's memory is touched
+        once per key, not once per row."""
         tripped: list[Key] = []
         for key in sorted(settled):
             if key in self.trips:

@@ -19,9 +19,9 @@ from relayd.errors import DatabaseUnavailable, StatementError
 from relayd.housekeeping import Chore, Housekeeping
 from relayd.logs import get_logger
 from relayd.metrics import RelayMetrics
-from relayd.models import Held, NotStarted, Outcome
+from relayd.models import Held, Outcome
 from relayd.store import Store
-from relayd.storm import Key, StormGuard, sink_rejected
+from relayd.storm import Key, StormGuard, settled_by_key
 
 
 @dataclass
@@ -57,18 +57,7 @@ class StormHold:
         the database now (another replica's guard, or an operator, paused them while this
         claim was in flight: dead-lettering them would exceed the one window each replica
         may spend)."""
-        # One pass over the rows: per key, which were rejected (for the guard), and the ids
-        # of the rejected ones (checked against the pauses below).
-        settled: dict[Key, list[bool]] = {}
-        rejected_ids: list[str] = []
-        for event_id, outcome in outcomes.items():
-            key = keys.get(event_id)
-            if key is None or isinstance(outcome, NotStarted):
-                continue
-            refused = sink_rejected(outcome)
-            settled.setdefault(key, []).append(refused)
-            if refused:
-                rejected_ids.append(event_id)
+        settled, rejected_ids = settled_by_key(outcomes, keys)
         tripped = self.guard.record(settled, asyncio.get_running_loop().time())
         if tripped:
             await self._pause(tripped)
