@@ -20,7 +20,6 @@ from relayd.errors import ConfigError, DatabaseUnavailable, SchemaError, Stateme
 from relayd.migrate import require_current
 from relayd.privileges import COMMANDS, Role, hint, role_privileges
 from relayd.sinks import SinkHealth
-from relayd.sinks.ojs import OjsSink
 from relayd.store import Store
 from relayd.terminal import printable
 
@@ -204,10 +203,10 @@ async def _listen(store: Store, settings: Settings, *, migrated: bool) -> CheckL
 
 async def _sink_line(settings: Settings) -> CheckLine:
     try:
-        url = settings.sink_url
+        target = settings.sink.target
+        sink = settings.sink.build(_Ignored())
     except ConfigError as exc:
         return CheckLine("sink", Verdict.FAIL, str(exc))
-    sink = OjsSink(settings.sink, url, _Ignored())
     await sink.start()
     try:
         async with asyncio.timeout(settings.sink.timeout_s):
@@ -216,7 +215,9 @@ async def _sink_line(settings: Settings) -> CheckLine:
         ok, detail = False, f"no answer within sink.timeout_s ({settings.sink.timeout_s:g}s)"
     finally:
         await sink.close()
-    return CheckLine("sink", Verdict.OK if ok else Verdict.FAIL, f"{url}: {detail}")
+    if ok:
+        detail = f"{detail}; {sink.capabilities.ambiguous}"
+    return CheckLine("sink", Verdict.OK if ok else Verdict.FAIL, f"{target}: {detail}")
 
 
 class _Ignored(SinkHealth):

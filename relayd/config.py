@@ -10,19 +10,17 @@ from __future__ import annotations
 import difflib
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextvars import ContextVar
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     SecretStr,
+    SerializeAsAny,
     ValidationError,
     field_validator,
     model_validator,
@@ -37,7 +35,9 @@ from pydantic_settings import (
 from relayd.dsn import check_dsn, redact_dsn
 from relayd.errors import ConfigError
 from relayd.models import OutboxTable
-from relayd.token_file import SecretFileError, read_secret_file, read_token_file
+from relayd.sections import MAX_DURATION_S, KeyedError, Section, read_secret
+from relayd.sinks import SinkSettings, registry
+from relayd.sinks.ojs_settings import OjsSettings
 
 DEFAULT_CONFIG_PATH = Path("/etc/relayd/config.toml")
 ENV_PREFIX = "RELAYD_"
@@ -49,16 +49,12 @@ TEST_ENV_PREFIX = f"{ENV_PREFIX}TEST_"
 # all unset is read from $CREDENTIALS_DIRECTORY/<name> when the unit passed that credential.
 # systemd sets the variable to the unit's own directory, so a renamed or templated unit works.
 CREDENTIALS_ENV_VAR = "CREDENTIALS_DIRECTORY"
+# (section, the *_file key to fill): the credential's name, then every key that must be unset.
+# The sink's come from its kind's settings model (`SinkSettings.credentials`).
 CREDENTIALS: dict[tuple[str, str], tuple[str, ...]] = {
-    # (section, the *_file key to fill): the credential's name, then every key that must be unset
     ("database", "dsn_file"): ("database-dsn", "dsn", "dsn_file"),
-    ("sink", "token_file"): ("ojs-token", "token_file"),
 }
 
-# Upper bounds of durations. Every one ends up in an asyncio deadline, an int conversion or
-# PostgreSQL's make_interval(), which overflow or fail at run time on huge values; a day is
-# far beyond any sane lease, timeout or backoff, and keeps every derived deadline finite.
-_MAX_DURATION_S = 24 * 3600.0
 # Retention is counted in years, not hours: ten of them is still far from interval limits.
 _MAX_RETENTION_S = 10 * 365 * 24 * 3600.0
 # PostgreSQL's statement_timeout is an int4 of milliseconds, and 0 means "no limit": the
@@ -67,16 +63,11 @@ _MAX_STATEMENT_TIMEOUT_S = 2_147_483.0
 _MIN_STATEMENT_TIMEOUT_S = 0.001
 
 
-class _Section(BaseModel):
-    # inf and nan parse as floats (TOML `inf`, env "inf") but are never a usable setting.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class DatabaseSettings(_Section):
+class DatabaseSettings(Section):
     dsn: SecretStr | None = None
     dsn_file: Path | None = None
     pool_max_size: int | None = Field(default=None, ge=2, le=1000)
-    connect_timeout_s: float = Field(default=10.0, gt=0, le=_MAX_DURATION_S)
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=MAX_DURATION_S)
     statement_timeout_s: float = Field(
         default=30.0, ge=_MIN_STATEMENT_TIMEOUT_S, le=_MAX_STATEMENT_TIMEOUT_S
     )
@@ -100,11 +91,11 @@ class DatabaseSettings(_Section):
     def _read_dsn_file(self) -> DatabaseSettings:
         # Read while validating, so that any DatabaseSettings, however built, is complete.
         if self.dsn_file is not None:
-            dsn = _read_secret(self.dsn_file, "database.dsn_file")
+            dsn = read_secret(self.dsn_file, "database.dsn_file")
             try:
                 check_dsn(dsn)
             except ValueError as exc:
-                raise _KeyedError("database.dsn_file", f"{self.dsn_file}: {exc}") from None
+                raise KeyedError("database.dsn_file", f"{self.dsn_file}: {exc}") from None
             self._dsn_from_file = SecretStr(dsn)
         return self
 
@@ -114,7 +105,7 @@ class DatabaseSettings(_Section):
         return self.dsn if self.dsn is not None else self._dsn_from_file
 
 
-class OutboxSettings(_Section):
+class OutboxSettings(Section):
     table: str = "relayd.outbox"
     # The INSERT trigger that NOTIFYs idle relays (`relayd migrate` creates or drops it); false
     # for two-phase-commit producers (no PREPARE TRANSACTION after a NOTIFY): relays poll.
@@ -131,70 +122,16 @@ class OutboxSettings(_Section):
         return OutboxTable.parse(self.table)
 
 
-class SinkSettings(_Section):
-    url: str | None = None
-    token_file: Path | None = None
-    ca_file: Path | None = None
-    timeout_s: float = Field(default=10.0, gt=0, le=_MAX_DURATION_S)
-    connect_timeout_s: float = Field(default=3.0, gt=0, le=_MAX_DURATION_S)
-    concurrency: int = Field(default=32, ge=1, le=1024)
-    batch: Literal["auto", "on", "off"] = "auto"
-    batch_max_jobs: int = Field(default=100, ge=1, le=1000)
-    batch_max_bytes: int = Field(default=900 * 1024, ge=1024)
-    max_envelope_bytes: int = Field(default=1024 * 1024, ge=1024)
-
-    _token: SecretStr | None = PrivateAttr(default=None)
-
-    @field_validator("url")
-    @classmethod
-    def _valid_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("expected an http:// or https:// base URL")
-        if parts.username or parts.password:
-            raise ValueError("credentials do not belong in the URL; use sink.token_file")
-        return value.rstrip("/")
-
-    @field_validator("batch", mode="before")
-    @classmethod
-    def _batch_bool(cls, value: object) -> object:
-        # TOML and the environment may say true/false for on/off.
-        if isinstance(value, bool):
-            return "on" if value else "off"
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return "on" if value.lower() == "true" else "off"
-        return value
-
-    @model_validator(mode="after")
-    def _read_files(self) -> SinkSettings:
-        # Read while validating, so that any SinkSettings, however built, is complete.
-        if self.token_file is not None:
-            # Checked as a rotated file is: a token that cannot be a header value is refused.
-            token = _read_secret(self.token_file, "sink.token_file", read=read_token_file)
-            self._token = SecretStr(token)
-        if self.ca_file is not None and not self.ca_file.is_file():
-            raise _KeyedError("sink.ca_file", f"not a readable file: {self.ca_file}")
-        return self
-
-    @property
-    def token(self) -> SecretStr | None:
-        """The bearer token read from `token_file` at load, if one is configured (the sink
-        follows the file from there: relayd/token_file.py)."""
-        return self._token
-
-
-class RelaySettings(_Section):
+class RelaySettings(Section):
     workers: int = Field(default=4, ge=1, le=256)
     batch_size: int = Field(default=100, ge=1, le=10_000)
-    lease_s: float = Field(default=30.0, gt=0, le=_MAX_DURATION_S)
-    poll_interval_s: float = Field(default=2.0, gt=0, le=_MAX_DURATION_S)
+    lease_s: float = Field(default=30.0, gt=0, le=MAX_DURATION_S)
+    poll_interval_s: float = Field(default=2.0, gt=0, le=MAX_DURATION_S)
     listen: bool = True
-    shutdown_grace_s: float = Field(default=10.0, ge=0, le=_MAX_DURATION_S)
+    shutdown_grace_s: float = Field(default=10.0, ge=0, le=MAX_DURATION_S)
     # How often a claim reads the whole claim index rather than from its watermark
     # (relayd/watermark.py): the longest a row inserted with a past available_at can wait.
-    full_scan_interval_s: float = Field(default=10.0, gt=0, le=_MAX_DURATION_S)
+    full_scan_interval_s: float = Field(default=10.0, gt=0, le=MAX_DURATION_S)
     # The poison-storm guard (relayd/storm.py): more than this share of the last
     # storm_window settled rows of one queue and type rejected by the sink pauses that queue
     # and type instead of dead-lettering them. 1.0 turns the guard off (more than all is
@@ -203,12 +140,12 @@ class RelaySettings(_Section):
     storm_window: int = Field(default=100, ge=1, le=100_000)
 
 
-class RetrySettings(_Section):
-    base_s: float = Field(default=1.0, gt=0, le=_MAX_DURATION_S)
-    cap_s: float = Field(default=60.0, gt=0, le=_MAX_DURATION_S)
+class RetrySettings(Section):
+    base_s: float = Field(default=1.0, gt=0, le=MAX_DURATION_S)
+    cap_s: float = Field(default=60.0, gt=0, le=MAX_DURATION_S)
     max_attempts: int = Field(default=10, ge=1)
     breaker_threshold: int = Field(default=5, ge=1)
-    breaker_cooldown_s: float = Field(default=5.0, gt=0, le=_MAX_DURATION_S)
+    breaker_cooldown_s: float = Field(default=5.0, gt=0, le=MAX_DURATION_S)
 
     @model_validator(mode="after")
     def _cap_above_base(self) -> RetrySettings:
@@ -217,7 +154,7 @@ class RetrySettings(_Section):
         return self
 
 
-class HttpSettings(_Section):
+class HttpSettings(Section):
     enabled: bool = True
     listen: str = "127.0.0.1:9464"
 
@@ -228,19 +165,19 @@ class HttpSettings(_Section):
         return value
 
 
-class LogSettings(_Section):
+class LogSettings(Section):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["auto", "json", "console"] = "auto"
 
 
-class CleanupSettings(_Section):
+class CleanupSettings(Section):
     enabled: bool = True
     published_retention_s: float = Field(default=7 * 24 * 3600.0, ge=0, le=_MAX_RETENTION_S)
-    interval_s: float = Field(default=60.0, gt=0, le=_MAX_DURATION_S)
+    interval_s: float = Field(default=60.0, gt=0, le=MAX_DURATION_S)
     batch_size: int = Field(default=1000, ge=1, le=100_000)
 
 
-class MetricsSettings(_Section):
+class MetricsSettings(Section):
     # The backlog sampler's period, which is also the heartbeat's: a relay silent for three
     # of them is shown as stale, so it must stay far below the day after which heartbeats
     # are pruned; under 0.1 s the sample would be a steady load on PostgreSQL.
@@ -282,7 +219,8 @@ class Settings(BaseSettings):
 
     database: DatabaseSettings = DatabaseSettings()
     outbox: OutboxSettings = OutboxSettings()
-    sink: SinkSettings = SinkSettings()
+    # One model per sink kind (relayd/sinks/registry.py), chosen by `kind`.
+    sink: SerializeAsAny[SinkSettings] = OjsSettings()
     relay: RelaySettings = RelaySettings()
     retry: RetrySettings = RetrySettings()
     http: HttpSettings = HttpSettings()
@@ -301,6 +239,11 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _TomlSource(settings_cls))
 
+    @field_validator("sink", mode="before")
+    @classmethod
+    def _sink_of_its_kind(cls, value: Any) -> Any:
+        return sink_settings(value)
+
     @model_validator(mode="before")
     @classmethod
     def _systemd_credentials(cls, data: Any) -> Any:
@@ -311,7 +254,7 @@ class Settings(BaseSettings):
         # A lease must outlive the attempt it covers with room to settle, or a slow but
         # successful attempt would routinely race a second owner (C4).
         if self.relay.lease_s <= 2 * self.sink.timeout_s:
-            raise _KeyedError(
+            raise KeyedError(
                 "relay.lease_s",
                 f"must be greater than 2 x sink.timeout_s ({2 * self.sink.timeout_s:g})",
             )
@@ -331,13 +274,6 @@ class Settings(BaseSettings):
         turned off (a pooler) or when the outbox has no such trigger (nothing would come)."""
         return self.relay.listen and self.outbox.notify_trigger
 
-    @property
-    def sink_url(self) -> str:
-        """The OJS base URL; `ConfigError` if none is configured."""
-        if self.sink.url is None:
-            raise ConfigError("sink.url", "required (the OJS server's base URL)")
-        return self.sink.url
-
     def redacted(self) -> dict[str, Any]:
         """Every setting as plain data: a secret read from a file appears as the file's path
         alone, an inline DSN with its password replaced by `***`."""
@@ -353,7 +289,7 @@ def with_credentials(data: dict[str, Any], environ: Mapping[str, str]) -> dict[s
     directory = environ.get(CREDENTIALS_ENV_VAR)
     if not directory:
         return data
-    for (section, key), (name, *unset) in CREDENTIALS.items():
+    for (section, key), (name, *unset) in _credentials(data).items():
         values = data.get(section)
         if values is None:
             values = {}
@@ -365,13 +301,41 @@ def with_credentials(data: dict[str, Any], environ: Mapping[str, str]) -> dict[s
     return data
 
 
-class _KeyedError(ValueError):
-    """A validation error whose key is not where pydantic reports it (a rule spanning
-    sections, a secret file read by a section's validator); carries the key to name."""
+def _credentials(data: Mapping[str, Any]) -> dict[tuple[str, str], tuple[str, ...]]:
+    """CREDENTIALS, and those of the configured sink kind (none if the kind is unknown:
+    validation says so)."""
+    sink = data.get("sink") or {}
+    kind = sink.get("kind", registry.DEFAULT_KIND) if isinstance(sink, Mapping) else None
+    model = registry.kinds().get(kind) if isinstance(kind, str) else None
+    if model is None:
+        return CREDENTIALS
+    return CREDENTIALS | {("sink", key): value for key, value in model.credentials.items()}
 
-    def __init__(self, key: str, reason: str) -> None:
-        super().__init__(reason)
-        self.key = key
+
+def sink_settings(value: Any) -> Any:
+    """`[sink]` validated by its kind's model (`registry.parse`), its first error named by
+    key as a `KeyedError`."""
+    try:
+        return registry.parse(value)
+    except ValidationError as exc:
+        raise _sink_error(exc, value) from None
+
+
+def _sink_error(exc: ValidationError, value: Any) -> KeyedError:
+    error = exc.errors()[0]
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, KeyedError):
+        return cause
+    key = ".".join(("sink", *(str(part) for part in error["loc"])))
+    if error["type"] == "extra_forbidden":
+        name = str(error["loc"][-1])
+        kind = value.get("kind", registry.DEFAULT_KIND) if isinstance(value, Mapping) else None
+        owners = [k for k, model in registry.kinds().items() if name in model.model_fields]
+        if owners:
+            return KeyedError(key, f"unknown key for sink kind {kind!r} (a key of {owners[0]!r})")
+        return KeyedError(key, "unknown key")
+    message = str(cause) if isinstance(cause, ValueError) else error["msg"]
+    return KeyedError(key, message.removeprefix("Value error, "))
 
 
 def resolve_config_path(
@@ -428,10 +392,15 @@ def _check_environment(environ: Mapping[str, str]) -> None:
     matched case-insensitively, as pydantic-settings reads them. `RELAYD_TEST_*` is reserved
     for relayd's own test suite (docs/operations.md) and left alone.
     """
+    # The sink's keys are those of every kind: which one applies is known after the merge,
+    # and a key of another kind is refused there, naming its kind.
+    sink_keys = {key for model in registry.kinds().values() for key in model.model_fields}
     known = [CONFIG_ENV_VAR] + [
         f"{ENV_PREFIX}{section}__{key}".upper()
         for section, field_info in Settings.model_fields.items()
-        for key in getattr(field_info.annotation, "model_fields", {})
+        for key in (
+            sink_keys if section == "sink" else getattr(field_info.annotation, "model_fields", {})
+        )
     ]
     for name in environ:
         upper = name.upper()
@@ -471,19 +440,10 @@ def _config_error(exc: ValidationError) -> ConfigError:
     error = exc.errors()[0]
     context = error.get("ctx") or {}
     cause = context.get("error")
-    if isinstance(cause, _KeyedError):
+    if isinstance(cause, KeyedError):
         return ConfigError(cause.key, str(cause))
     key = ".".join(str(part) for part in error["loc"]) or "config"
     if error["type"] == "extra_forbidden":
         return ConfigError(key, "unknown key")
     message = str(cause) if isinstance(cause, ValueError) else error["msg"]
     return ConfigError(key, message.removeprefix("Value error, "))
-
-
-def _read_secret(path: Path, key: str, *, read: Callable[[Path], str] = read_secret_file) -> str:
-    """The stripped text of a secret file (as `read` checks it); `_KeyedError` naming `key`
-    if it is unusable."""
-    try:
-        return read(path)
-    except SecretFileError as exc:
-        raise _KeyedError(key, str(exc)) from None

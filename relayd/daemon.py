@@ -33,10 +33,9 @@ from relayd.logs import configure_logging, get_logger
 from relayd.metrics import RelayMetrics
 from relayd.migrate import require_current
 from relayd.reconnect import DatabaseRetry
-from relayd.relay import RelayContext, RelayWorker
+from relayd.relay import RelayContext, RelayWorker, WorkerSettings
 from relayd.retry import Backoff, BreakerState, CircuitBreaker
 from relayd.sampler import InstanceInfo, Sampler
-from relayd.sinks.ojs import OjsSink
 from relayd.status import build_report, report_json
 from relayd.store import Store
 from relayd.storm import StormGuard
@@ -124,7 +123,7 @@ class Daemon:
 
     async def run(self) -> int:
         # Settings `run` cannot do without: fail before waiting for anything (exit 2).
-        _ = self.settings.dsn, self.settings.sink_url
+        _ = self.settings.dsn, self.settings.sink.target
         stack = AsyncExitStack()
         try:
             # 1. startup: HTTP, PostgreSQL (waiting for it if need be), the schema, the sink.
@@ -174,7 +173,7 @@ class Daemon:
         self._log.info(
             "daemon.started",
             table=str(ctx.store.table),
-            sink=settings.sink_url,
+            sink=settings.sink.target,
             workers=settings.relay.workers,
             listen=settings.listens,
             http=settings.http.listen if settings.http.enabled else None,
@@ -324,15 +323,11 @@ class Daemon:
             actor=f"relayd@{socket.gethostname()}",
             retry_after_s=retry.cap_s,
         )
+        sink = self.settings.sink
         return RelayContext(
-            settings=self.settings,
+            settings=WorkerSettings.of(self.settings),
             store=store,
-            sink=OjsSink(
-                self.settings.sink,
-                self.settings.sink_url,
-                self._gate,
-                observe=self.metrics.count_sink_request,
-            ),
+            sink=sink.build(self._gate, observe=self.metrics.sink_requests_of(sink.kind)),
             gate=self._gate,
             wakeup=self._wakeup,
             stopping=self.stopping,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 from prometheus_client import (
     CollectorRegistry,
@@ -92,13 +93,14 @@ class RelayMetrics:
         )
         self.sink_requests = Counter(
             "relayd_sink_requests",
-            "HTTP exchanges with the OJS server, by method and code: the answer's status, "
-            "'error' for a transport failure (refused, reset, TLS), 'timeout' when the "
-            "attempt's deadline ended it before an answer.",
-            ["method", "code"],
+            "Exchanges with the sink, by sink kind, operation and result. For an HTTP sink "
+            "the operation is the method and the result the answer's status; 'error' for a "
+            "transport failure without an answer (refused, reset, TLS), 'timeout' when the "
+            "attempt's deadline ended it first.",
+            ["sink", "operation", "code"],
             registry=r,
         )
-        self._sink_request_children: dict[tuple[str, str], Counter] = {}
+        self._sink_request_children: dict[tuple[str, str, str], Counter] = {}
         # --- housekeeping (relayd/housekeeping.py) and the poison-storm guard ---
         self.housekeeping_failures = Counter(
             "relayd_housekeeping_failures",
@@ -184,13 +186,19 @@ class RelayMetrics:
     def set_breaker(self, state: BreakerState) -> None:
         self.breaker_state.set(state.value)
 
-    def count_sink_request(self, method: str, code: str) -> None:
-        """One HTTP exchange with the sink (`OjsSink` is given this, not the registry)."""
-        key = (method, code)
-        child = self._sink_request_children.get(key)
-        if child is None:  # a bounded set: two methods, HTTP statuses, "error", "timeout"
-            child = self._sink_request_children[key] = self.sink_requests.labels(method, code)
-        child.inc()
+    def sink_requests_of(self, kind: str) -> Callable[[str, str], None]:
+        """What a sink of `kind` is told to call for each exchange, (operation, code): the
+        sink is given this, not the registry."""
+
+        def count(operation: str, code: str) -> None:
+            key = (kind, operation, code)
+            child = self._sink_request_children.get(key)
+            if child is None:  # a bounded set: a few operations, statuses, "error", "timeout"
+                child = self.sink_requests.labels(*key)
+                self._sink_request_children[key] = child
+            child.inc()
+
+        return count
 
     def set_backlog(self, backlog: Backlog, *, sampled_at: float | None = None) -> None:
         """Publish one backlog sample; `sampled_at` is unix time (default: now)."""

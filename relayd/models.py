@@ -1,7 +1,7 @@
 """Values that cross module boundaries: the outbox table's name, claimed rows, parsed
 envelopes, attempt outcomes.
 
-Outcomes are produced once, at the sink boundary (`sinks/ojs.py`), and consumed by the relay
+Outcomes are produced once, at the sink boundary (`relayd/sinks/`), and consumed by the relay
 (`relay.py`), which turns them into settle groups. Nothing here does I/O.
 """
 
@@ -17,7 +17,8 @@ from typing import Any
 
 from relayd import jsonvalue
 
-# The OJS enqueue request rules relayd checks before sending (docs/ojs.md#the-request).
+# The outbox envelope's rules, checked before any sink sees a row: the shape of an OJS
+# enqueue request, which every sink kind reads (docs/ojs.md#the-request).
 TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 QUEUE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9\-.]*$")
 LOWER_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -25,9 +26,6 @@ MAX_TYPE_CHARS = 255
 MAX_QUEUE_CHARS = 128
 PRIORITY_RANGE = range(-100, 101)
 DEFAULT_QUEUE = "default"
-# Options that change when or whether a job runs; postgres' batch path drops them
-# (docs/ojs.md#batches), so rows carrying them are always published one by one.
-NON_BATCHABLE_OPTIONS = frozenset({"scheduled_at", "delay_until", "expires_at", "unique"})
 
 
 # One identifier part of the outbox table name. Anything else is refused, so the name can be
@@ -97,7 +95,7 @@ class DeadReason(enum.StrEnum):
 
 
 class InvalidEnvelope(ValueError):
-    """The stored job is not a publishable OJS enqueue request."""
+    """The stored envelope is not one relayd can publish."""
 
 
 # Envelope and ClaimedRow are made for every row relayd handles and never changed after:
@@ -105,7 +103,8 @@ class InvalidEnvelope(ValueError):
 # to build (each field set through object.__setattr__).
 @dataclass(slots=True)
 class Envelope:
-    """The parts of an OJS enqueue request that relayd checks and reconciles on (C2)."""
+    """The parts of a stored envelope that relayd checks, routes and reconciles on (C2);
+    `options` as stored, for a sink to read what it understands."""
 
     id: str
     type: str
@@ -114,7 +113,7 @@ class Envelope:
     meta: dict[str, Any]
     priority: int | None
     tags: list[Any] | None
-    batchable: bool
+    options: dict[str, Any]
 
     @classmethod
     def parse(cls, text: str | bytes, event_id: str) -> Envelope:
@@ -170,7 +169,7 @@ class Envelope:
             meta=meta,
             priority=priority,
             tags=tags,
-            batchable=NON_BATCHABLE_OPTIONS.isdisjoint(options),
+            options=options,
         )
 
 
@@ -246,14 +245,6 @@ class Published:
     sink_state: str
     reconciled: bool = False  # proven by a GET, not by a 2xx to our POST
     sink_job_id: str | None = None  # a unique policy kept another job instead (200)
-
-
-@dataclass(frozen=True, slots=True)
-class Reconcile:
-    """The answer proves nothing (a 409): GET the id and compare before deciding."""
-
-    error: str
-    existing_job_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

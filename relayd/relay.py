@@ -1,12 +1,12 @@
 """The relay worker loop: claim -> publish -> settle (the breaker gate the workers share is
 in `breaker.py`).
 
-No SQL text and no HTTP detail live here: `store/` runs the statements, `sinks/ojs.py`
-speaks OJS and classifies answers. Each step is its own awaitable method, so a failpoint or
-a test can stand between any two.
+No SQL text and no wire detail live here: `store/` runs the statements, a sink
+(`relayd/sinks/`) speaks its protocol and classifies answers. Each step is its own awaitable
+method, so a failpoint or a test can stand between any two.
 
 Invariants (docs/contract.md):
-- a claim commits before any HTTP call; each attempt runs under one deadline and ends a
+- a claim commits before any request to the sink; each attempt runs under one deadline and ends a
   timeout's worth before the lease does, leaving that long to settle (C4);
 - every settle is fenced by the claim's owner token; a zero-row settle is counted as stale,
   never raised (C3);
@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ParamSpec
 
 from relayd.breaker import BreakerGate
 from relayd.config import Settings
@@ -50,9 +51,9 @@ from relayd.settlement import (
     ReleasedRows,
     RetriedRows,
     Settled,
-    SettlementPlan,
+    SettleGroups,
     event_ids,
-    plan,
+    sort_outcomes,
 )
 from relayd.sinks import Sink
 from relayd.store import Store
@@ -68,13 +69,40 @@ from relayd.watermark import Watermark
 # poll rate, not spun on. A notification resets it: under a steady load a worker often finds
 # the rows it was woken for taken by another, and must not lag behind for it.
 _MIN_IDLE_S = 0.01
+_P = ParamSpec("_P")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """What a worker reads of the configuration, and nothing else."""
+
+    batch_size: int  # relay.batch_size
+    lease_s: float  # relay.lease_s
+    poll_interval_s: float  # relay.poll_interval_s
+    full_scan_interval_s: float  # relay.full_scan_interval_s
+    attempt_timeout_s: float  # sink.timeout_s
+    max_envelope_bytes: int  # sink.max_envelope_bytes
+    max_attempts: int  # retry.max_attempts
+
+    @classmethod
+    def of(cls, settings: Settings) -> WorkerSettings:
+        relay = settings.relay
+        return cls(
+            batch_size=relay.batch_size,
+            lease_s=relay.lease_s,
+            poll_interval_s=relay.poll_interval_s,
+            full_scan_interval_s=relay.full_scan_interval_s,
+            attempt_timeout_s=settings.sink.timeout_s,
+            max_envelope_bytes=settings.sink.max_envelope_bytes,
+            max_attempts=settings.retry.max_attempts,
+        )
 
 
 @dataclass(frozen=True)
 class RelayContext:
     """What the workers of one process share."""
 
-    settings: Settings
+    settings: WorkerSettings
     store: Store
     sink: Sink
     gate: BreakerGate
@@ -113,9 +141,9 @@ class RelayWorker:
         self._ctx = ctx
         self.name = name
         self._log = get_logger("relay").bind(worker=name)
-        self._relay = ctx.settings.relay
+        self._settings = ctx.settings
         self._grace_ends = math.inf  # set by the drain: no attempt runs past it
-        self._watermark = Watermark(full_scan_every_s=self._relay.full_scan_interval_s)
+        self._watermark = Watermark(full_scan_every_s=self._settings.full_scan_interval_s)
         self._scopes: set[asyncio.Timeout] = set()
         self.released = 0  # rows handed back unstarted (drain, open breaker)
         self.in_flight = 0  # rows claimed and not yet settled
@@ -156,14 +184,14 @@ class RelayWorker:
         """
         step, held = "claim", []
         try:
-            limit = 1 if permit is Permit.PROBE else self._relay.batch_size
+            limit = 1 if permit is Permit.PROBE else self._settings.batch_size
             claim = await self.claim(limit)
             if not claim.rows:
                 self._empty_claims += 1
                 if permit is Permit.PROBE:
                     # Nothing to probe with: the sink's health request tells instead.
                     step = "probe"
-                    await self._ctx.gate.ask_sink(self._ctx.sink, self._ctx.settings.sink.timeout_s)
+                    await self._ctx.gate.ask_sink(self._ctx.sink, self._settings.attempt_timeout_s)
                 return False
             self._empty_claims = 0
             full = len(claim.rows) == limit
@@ -202,7 +230,7 @@ class RelayWorker:
         loop = asyncio.get_running_loop()
         sent_at, timer = loop.time(), time.perf_counter()  # the loop's clock may be coarse
         batch = await self._ctx.store.claim_from(
-            limit, owner, self._relay.lease_s, self._watermark.for_claim(sent_at)
+            limit, owner, self._settings.lease_s, self._watermark.for_claim(sent_at)
         )
         self._watermark.advance(batch)
         rows = batch.rows
@@ -212,7 +240,7 @@ class RelayWorker:
         if rows:
             self._ctx.metrics.claimed_rows.inc(len(rows))
             self.in_flight = len(rows)
-        lease_ends = sent_at + self._relay.lease_s
+        lease_ends = sent_at + self._settings.lease_s
         return Claim(
             owner=owner,
             rows=rows,
@@ -220,7 +248,7 @@ class RelayWorker:
             # Each attempt gets sink.timeout_s from its own start and must end a timeout's
             # worth before the lease does, leaving that long to settle (lease_s > 2 x
             # timeout_s, a configuration rule).
-            start_by=lease_ends - 2 * self._ctx.settings.sink.timeout_s,
+            start_by=lease_ends - 2 * self._settings.attempt_timeout_s,
             lease_ends=lease_ends,
             answered_at=answered_at,
         )
@@ -234,7 +262,7 @@ class RelayWorker:
         if self._ctx.wakeup.take():
             self._empty_claims = 0
             return  # rows were committed while this worker was busy: claim them now
-        timeout_s = self._relay.poll_interval_s
+        timeout_s = self._settings.poll_interval_s
         try:
             due_s = await self._ctx.store.next_due_s(self._watermark.scan_from)
         except (DatabaseUnavailable, StatementError) as exc:
@@ -279,7 +307,13 @@ class RelayWorker:
 
         sendable = [row for row in claim.rows if row.event_id in envelopes]
         sink = self._ctx.sink
-        requests = await sink.plan(sendable, envelopes) if sendable else []
+        capabilities = sink.capabilities
+        if len(sendable) > 1 and capabilities.batches:
+            requests = await sink.group_requests(sendable, envelopes)
+        else:
+            requests = [[row] for row in sendable]
+        if not capabilities.reconcile_by_id:
+            self._resending([row for row in sendable if row.claimed_before])
         # Every attempt runs to its end before anything is decided: none is left running
         # unsupervised, and none is cut mid-request by a sibling's failure.
         results = await asyncio.gather(
@@ -292,9 +326,15 @@ class RelayWorker:
             outcomes.update(result)
         return outcomes, keys
 
+    def _resending(self, rows: Sequence[ClaimedRow]) -> None:
+        """Rows an earlier attempt may have delivered, sent again to a sink that cannot be
+        asked what it holds: each may arrive twice, and receivers deduplicate by its id (C2)."""
+        for row in rows:
+            self._log.info("relay.resending", event_id=row.event_id, attempt=row.attempts)
+
     def _unpublishable(self, row: ClaimedRow) -> DeadLetter | None:
         """The checks that need no parsing: the row's size and its commit time."""
-        limit = self._ctx.settings.sink.max_envelope_bytes
+        limit = self._settings.max_envelope_bytes
         if len(row.job) > limit:
             return DeadLetter(
                 DeadReason.TOO_LARGE,
@@ -325,7 +365,7 @@ class RelayWorker:
             ):
                 return {row.event_id: NotStarted() for row in rows}
             started, timer = loop.time(), time.perf_counter()
-            deadline = min(started + self._ctx.settings.sink.timeout_s, self._grace_ends)
+            deadline = min(started + self._settings.attempt_timeout_s, self._grace_ends)
             try:
                 async with asyncio.timeout_at(deadline) as scope:
                     self._scopes.add(scope)
@@ -356,10 +396,10 @@ class RelayWorker:
     ) -> None:
         """Record every outcome with fenced UPDATEs, shielded from cancellation."""
         storm_rows = await self._ctx.storm.observe(outcomes, keys)
-        settlement = plan(
+        groups = sort_outcomes(
             claim.rows,
             outcomes,
-            max_attempts=self._ctx.settings.retry.max_attempts,
+            max_attempts=self._settings.max_attempts,
             backoff=self._ctx.backoff,
             sink_wide=(
                 self._ctx.gate.state is not BreakerState.CLOSED or self._ctx.stopping.is_set()
@@ -367,14 +407,14 @@ class RelayWorker:
             storm_rows=storm_rows,
         )
         try:
-            await asyncio.shield(self._write(claim, settlement))
+            await asyncio.shield(self._write(claim, groups))
         finally:
             self.in_flight = 0
 
-    async def _write(self, claim: Claim, settlement: SettlementPlan) -> None:
+    async def _write(self, claim: Claim, groups: SettleGroups) -> None:
         store, owner = self._ctx.store, claim.owner
-        published, retried = settlement.published, settlement.retried
-        dead, released = settlement.dead, settlement.released
+        published, retried = groups.published, groups.retried
+        dead, released = groups.dead, groups.released
         if published.rows:
             updated = await self._fenced(
                 claim,
@@ -407,14 +447,18 @@ class RelayWorker:
             self._account_released(released, updated)
 
     async def _fenced(
-        self, claim: Claim, statement: Callable[..., Awaitable[set[str]]], *args: object
+        self,
+        claim: Claim,
+        statement: Callable[_P, Awaitable[set[str]]],
+        *args: _P.args,
+        **kwargs: _P.kwargs,
     ) -> set[str] | None:
         """Run one settle statement, retrying while PostgreSQL is away until the lease would
         have expired anyway (after that another owner may hold the rows, and the fence makes
         our write a no-op); None if abandoned. Returns the ids this owner still held."""
         try:
             return await self._ctx.database.call(
-                functools.partial(statement, *args),
+                functools.partial(statement, *args, **kwargs),
                 log=self._log.bind(statement=statement.__name__),
                 event="relay.settle_delayed",
                 until=claim.lease_ends,

@@ -2,8 +2,8 @@
 that record them, and the rules that choose between publishing, retrying, refunding,
 dead-lettering and releasing (docs/contract.md#c5, #c6).
 
-Pure: `plan()` does no I/O and reads no clock; the backoff's random source is injected. Each
-column group maps one to one onto a `Store` settle method.
+Pure: `sort_outcomes()` does no I/O and reads no clock; the backoff's random source is
+injected. Each group maps one to one onto a `Store` settle method.
 """
 
 from __future__ import annotations
@@ -115,7 +115,9 @@ class ReleasedRows:
 
 
 @dataclass(slots=True)
-class SettlementPlan:
+class SettleGroups:
+    """A claim's rows sorted by the fenced UPDATE that records them (at most four)."""
+
     published: PublishedRows = field(default_factory=PublishedRows)
     retried: RetriedRows = field(default_factory=RetriedRows)
     dead: DeadRows = field(default_factory=DeadRows)
@@ -126,7 +128,7 @@ def event_ids(rows: Sequence[ClaimedRow]) -> list[str]:
     return [row.event_id for row in rows]
 
 
-def plan(
+def sort_outcomes(
     rows: Sequence[ClaimedRow],
     outcomes: Mapping[str, Outcome],
     *,
@@ -134,7 +136,7 @@ def plan(
     backoff: Backoff,
     sink_wide: bool,
     storm_rows: Collection[str] = frozenset(),
-) -> SettlementPlan:
+) -> SettleGroups:
     """Group each row by what its outcome asks for.
 
     `sink_wide` says the sink is failing for every row right now (the breaker is not
@@ -145,35 +147,33 @@ def plan(
     from being sent (`Held`) is retried refunded too. A row with no outcome was never sent
     and is released.
     """
-    settlement = SettlementPlan()
+    groups = SettleGroups()
     for row in rows:
         outcome = outcomes.get(row.event_id, NotStarted())
         if isinstance(outcome, Published):
-            settlement.published.add(row, outcome)
+            groups.published.add(row, outcome)
         elif (
             isinstance(outcome, DeadLetter)
             and outcome.reason in SINK_REJECTIONS
             and row.event_id in storm_rows
         ):
             error = clean_error(f"poison storm, not dead-lettered: {outcome.error}")
-            settlement.retried.add(row, backoff.delay_s(row.attempts), error, refund=True)
+            groups.retried.add(row, backoff.delay_s(row.attempts), error, refund=True)
         elif isinstance(outcome, Held):
-            settlement.retried.add(
-                row, outcome.retry_after_s, clean_error(outcome.error), refund=True
-            )
+            groups.retried.add(row, outcome.retry_after_s, clean_error(outcome.error), refund=True)
         elif isinstance(outcome, DeadLetter):
-            settlement.dead.add(row, outcome.reason, clean_error(outcome.error))
+            groups.dead.add(row, outcome.reason, clean_error(outcome.error))
         elif isinstance(outcome, NotStarted):
-            settlement.released.add(row)
+            groups.released.add(row)
         else:
             error = clean_error(outcome.error)
             refund = isinstance(outcome, SinkDown) and refunded(outcome, sink_wide=sink_wide)
             if not refund and row.attempts >= max_attempts:
-                settlement.dead.add(row, DeadReason.MAX_ATTEMPTS, error)
+                groups.dead.add(row, DeadReason.MAX_ATTEMPTS, error)
             else:
                 delay_s = backoff.delay_s(row.attempts, outcome.retry_after_s)
-                settlement.retried.add(row, delay_s, error, refund=refund)
-    return settlement
+                groups.retried.add(row, delay_s, error, refund=refund)
+    return groups
 
 
 def refunded(outcome: SinkDown, *, sink_wide: bool) -> bool:

@@ -15,13 +15,10 @@ import contextlib
 import os
 import socket
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from relayd.logs import get_logger
 from relayd.retry import BreakerState
-
-if TYPE_CHECKING:
-    from relayd.daemon import Daemon
 
 # How often STATUS= is refreshed when no watchdog asks for more.
 STATUS_INTERVAL_S = 5.0
@@ -102,7 +99,7 @@ class Notifier:
             self._socket = None
 
 
-class _Observed(Protocol):
+class Observed(Protocol):
     """What the status line reads of a daemon."""
 
     ready: asyncio.Event
@@ -116,7 +113,7 @@ class _Observed(Protocol):
     def in_flight(self) -> int: ...
 
 
-def status_line(daemon: _Observed) -> str:
+def status_line(daemon: Observed) -> str:
     """One short line for `STATUS=`: the phase, the breaker, rows in flight, the backlog."""
     rows = daemon.in_flight
     in_flight = f"{rows} row{'s' * (rows != 1)} in flight"
@@ -133,7 +130,7 @@ def status_line(daemon: _Observed) -> str:
     return " ".join(f"running: {', '.join(parts)}".split())  # one line, whatever it holds
 
 
-async def notify_loop(daemon: _Observed, notifier: Notifier, watchdog_s: float | None) -> None:
+async def notify_loop(daemon: Observed, notifier: Notifier, watchdog_s: float | None) -> None:
     """Tell systemd about `daemon` until cancelled: READY=1 once ready, STOPPING=1 once the
     drain begins, WATCHDOG=1 every `watchdog_s`, STATUS= whenever the line changes."""
     tick = STATUS_INTERVAL_S if watchdog_s is None else min(watchdog_s, STATUS_INTERVAL_S)
@@ -174,7 +171,7 @@ async def _next_tick(events: list[asyncio.Event], timeout_s: float) -> None:
 
 @contextlib.asynccontextmanager
 async def notifying(
-    daemon: Daemon, environ: Mapping[str, str] | None = None
+    daemon: Observed, environ: Mapping[str, str] | None = None
 ) -> AsyncIterator[Notifier]:
     """Run `notify_loop` for `daemon` while the block runs, if systemd is listening.
 

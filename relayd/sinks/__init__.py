@@ -1,49 +1,70 @@
-"""Where relayd publishes rows: the `Sink` interface the relay depends on, and what a sink
-reports back about its own health. One module per sink implements it (`ojs.py` today).
+"""Where relayd publishes rows: the `Sink` interface the relay depends on, what a sink
+reports back about its own health, and the settings every sink kind shares.
 
-A sink owns everything about its wire: how a claim's rows travel (one request each, or
-batches), how each answer is classified into an outcome value (`relayd.models`), and how it
-finds out what it already holds under a row's id (reconciliation, C2). The relay owns the
-rest: leases, deadlines, concurrency, the breaker's verdict, settling.
+A sink kind is one module (or package) under `relayd/sinks/`, a settings model derived from
+`SinkSettings`, and one line in `relayd/sinks/registry.py`; nothing outside `relayd/sinks/`
+names it. A sink owns everything about its wire: how a claim's rows travel (one request each,
+or batches), how each answer is classified into an outcome value (`relayd.models`), and how
+it finds out what it already holds under a row's id (reconciliation, C2), when it can. The
+relay owns the rest: leases, deadlines, concurrency, the breaker's verdict, settling.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import importlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
+
+from pydantic import Field
 
 from relayd.models import ClaimedRow, Envelope, NotFound, Outcome
+from relayd.sections import MAX_DURATION_S, Section
+
+# Told of every exchange with the sink: its operation (for an HTTP sink, the method) and its
+# result as a bounded label: a status or code as text, "error" (no answer: the transport
+# failed) or "timeout" (the attempt's deadline ended it). `relayd_sink_requests_total`.
+ExchangeObserver = Callable[[str, str], None]
 
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What the relay may ask of a sink, asked rather than assumed."""
 
-    # Whether several rows may travel in one request.
+    # Whether several rows may travel in one request: if not, the relay sends each row in
+    # a request of its own and never asks the sink to group them.
     batches: bool
-    # Whether the sink can say what it holds under a row's id: without it, an ambiguous
-    # outcome cannot be reconciled before a row is sent again.
+    # Whether the sink can say what it holds under a row's id. With it, a row an earlier
+    # attempt may have delivered is looked up before it is sent again, and an ambiguous
+    # outcome (no answer) is resolved then; without it, the row is sent again with the same
+    # id and the receiver deduplicates (at least once).
     reconcile_by_id: bool
+
+    @property
+    def ambiguous(self) -> str:
+        """What an ambiguous outcome means with this sink, in one clause (`relayd check`)."""
+        if self.reconcile_by_id:
+            return "an unanswered attempt is looked up by id before any re-send"
+        return "an unanswered attempt is re-sent with the same id (at least once)"
 
 
 class SinkHealth(Protocol):
     """Where a sink reports what its exchanges show of its health: the circuit breaker.
 
-    A read that found or missed a job is not reported: it shows that the sink reads, not
+    A read that found or missed a row is not reported: it shows that the sink reads, not
     that it writes, and must not close the breaker while every write fails.
     """
 
     def sink_accepted(self) -> None:
-        """The sink stored a row we sent (a 2xx to a write): the one proof that it works."""
+        """The sink stored a row we sent: the one proof that it works."""
 
     def sink_answered(self) -> None:
-        """The sink answered a write with a verdict on the row and stored nothing (400,
-        409, a paused queue): its write path answers."""
+        """The sink answered a write with a verdict on the row and stored nothing (a
+        refusal, a paused queue): its write path answers."""
 
     def sink_failed(self, *, severe: bool) -> None:
         """A failure of the sink, not of the row; `severe` when every request will fail until
-        an operator acts (401/403, a wrong URL)."""
+        an operator acts (refused credentials, a wrong address)."""
 
 
 class Sink(Protocol):
@@ -58,18 +79,19 @@ class Sink(Protocol):
     async def close(self) -> None:
         """Release connections; no method is called afterwards."""
 
-    async def plan(
+    async def group_requests(
         self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope]
     ) -> list[list[ClaimedRow]]:
-        """How a claim's rows travel: one list per request (several rows, or one)."""
+        """How a claim's rows travel: one list per request (several rows, or one). Asked
+        only of a sink whose capabilities say it batches."""
 
     async def publish(
         self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope], *, send_by: float
     ) -> dict[str, Outcome]:
-        """Publish one request's rows (a list from `plan`) and classify the answers, one
-        outcome per row. A row an earlier attempt may have delivered is reconciled first. No
-        request that could store a row leaves after `send_by` (loop time): such rows are
-        `NotStarted` (C4)."""
+        """Publish one request's rows (a list from `group_requests`, or one row) and classify
+        the answers, one outcome per row. A row an earlier attempt may have delivered is
+        reconciled first, where the sink can. No request that could store a row leaves
+        after `send_by` (loop time): such rows are `NotStarted` (C4)."""
 
     async def check(self) -> tuple[bool, str]:
         """Whether the sink answers and accepts our credentials, and one line saying so
@@ -78,4 +100,38 @@ class Sink(Protocol):
 
     async def reconcile(self, row: ClaimedRow, envelope: Envelope) -> Outcome | NotFound:
         """What the sink holds under the row's id: published (it holds this envelope),
-        dead-lettered (it holds another job), `NotFound`, or a failure (C2)."""
+        dead-lettered (it holds another), `NotFound`, or a failure (C2). A sink that cannot
+        look up an id answers `NotFound`, and says so in its capabilities."""
+
+
+class SinkSettings(Section):
+    """`[sink]`: the keys every kind shares; each kind's model adds its own (a key of another
+    kind is refused as unknown). `kind` chooses the model (`relayd/sinks/registry.py`)."""
+
+    kind: str
+    # Each attempt's deadline; the lease must outlive two of them (`relay.lease_s`).
+    timeout_s: float = Field(default=10.0, gt=0, le=MAX_DURATION_S)
+    # Requests in flight at once in one process, over all its workers.
+    concurrency: int = Field(default=32, ge=1, le=1024)
+    # A stored envelope larger than this is dead-lettered `too_large` without being sent.
+    max_envelope_bytes: int = Field(default=1024 * 1024, ge=1024)
+
+    # The sink class, as "module:Class", imported when a sink is built (so that loading the
+    # configuration imports no transport); its constructor takes (settings, health, *,
+    # observe).
+    sink_class: ClassVar[str]
+    # systemd credentials this kind reads when the unit passes them: the `*_file` key to
+    # fill, then the credential's name and every key that must be unset for it to be used.
+    credentials: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+
+    @property
+    def target(self) -> str:
+        """Where rows go, in words an operator recognises (a URL, servers and a stream)."""
+        raise NotImplementedError
+
+    def build(self, health: SinkHealth, observe: ExchangeObserver | None = None) -> Sink:
+        """The sink these settings describe, reporting to `health` and `observe`;
+        `relayd.errors.ConfigError` naming the key when a setting it needs is missing."""
+        module, _, name = self.sink_class.partition(":")
+        sink: Sink = getattr(importlib.import_module(module), name)(self, health, observe=observe)
+        return sink

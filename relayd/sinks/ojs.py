@@ -16,7 +16,6 @@ from typing import TypeVar
 import aiohttp
 
 from relayd import __version__
-from relayd.config import SinkSettings
 from relayd.models import (
     ClaimedRow,
     Envelope,
@@ -24,11 +23,10 @@ from relayd.models import (
     NotStarted,
     Outcome,
     Published,
-    Reconcile,
     RetryLater,
     SinkDown,
 )
-from relayd.sinks import Capabilities, SinkHealth
+from relayd.sinks import Capabilities, ExchangeObserver, SinkHealth
 from relayd.sinks.ojs_answers import (
     BATCH_PATH,
     JOBS_PATH,
@@ -39,21 +37,24 @@ from relayd.sinks.ojs_answers import (
     BatchFailed,
     BatchNotServed,
     BatchSplit,
+    Reconcile,
     Response,
     SecretPieces,
     batch_body,
+    batchable,
+    chunk_batches,
     classify_batch,
     classify_exception,
     classify_get,
     classify_post,
     parse_json,
-    plan_batches,
     redact,
     request_id,
     scrubbed,
     secret_forms,
     unbuildable,
 )
+from relayd.sinks.ojs_settings import OjsSettings
 from relayd.token_file import TokenFile
 
 _MAX_RESPONSE_BYTES = 16 * 1024 * 1024
@@ -61,10 +62,6 @@ _MANIFEST_TIMEOUT_S = 5.0
 _MANIFEST_TTL_S = 300.0
 _MANIFEST_RETRY_S = 30.0
 _O = TypeVar("_O")
-
-# Told of every HTTP exchange: its method, and its status as text or a bounded failure label
-# ("error": no answer, the transport failed; "timeout": the attempt's deadline ended it).
-ExchangeObserver = Callable[[str, str], None]
 
 
 class OjsSink:
@@ -82,15 +79,14 @@ class OjsSink:
 
     def __init__(
         self,
-        settings: SinkSettings,
-        url: str,
+        settings: OjsSettings,
         health: SinkHealth,
         *,
         observe: ExchangeObserver | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
-        self._url = url
+        self._url = settings.base_url
         self._health = health
         self._observe = observe
         # The monotonic clock of what the sink caches: the manifest, the token file's looks.
@@ -143,20 +139,20 @@ class OjsSink:
 
     # --- the Sink interface ---
 
-    async def plan(
+    async def group_requests(
         self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope]
     ) -> list[list[ClaimedRow]]:
         """First attempts of plain jobs go in batches where the server offers them; a row
         that may already be on the sink, or that carries options a batch would drop
         (scheduling, expiry, uniqueness), goes alone."""
-        batchable = [
-            row for row in rows if not row.claimed_before and envelopes[row.event_id].batchable
+        candidates = [
+            row for row in rows if not row.claimed_before and batchable(envelopes[row.event_id])
         ]
-        if len(batchable) < 2 or not await self._batch_enabled():
-            batchable = []
-        in_batch = {row.event_id for row in batchable}
-        batches = plan_batches(
-            batchable,
+        if len(candidates) < 2 or not await self._batch_enabled():
+            candidates = []
+        in_batch = {row.event_id for row in candidates}
+        batches = chunk_batches(
+            candidates,
             max_jobs=self._settings.batch_max_jobs,
             max_bytes=self._settings.batch_max_bytes,
         )

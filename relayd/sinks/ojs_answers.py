@@ -1,7 +1,7 @@
 """What an OJS server's answers mean, without doing I/O: the classification of every POST,
 GET and batch answer into an outcome value, lenient error bodies (and which bodies are the
 server's verdict on a row at all), the comparison of a job by meaning after a GET (C2), batch
-planning, and keeping the sink token, or any piece of it, out of error text.
+chunking, and keeping the sink token, or any piece of it, out of error text.
 
 Everything here is a pure function of its arguments and is tested as a table
 (tests/unit/test_classify.py); `relayd/sinks/ojs.py` moves the bytes. The OJS facts these
@@ -32,7 +32,6 @@ from relayd.models import (
     NotFound,
     Outcome,
     Published,
-    Reconcile,
     RetryLater,
     SinkDown,
 )
@@ -44,6 +43,9 @@ BATCH_PATH = "/ojs/v1/jobs/batch"
 MANIFEST_PATH = "/ojs/manifest"
 _BATCH_OVERHEAD_BYTES = len(b'{"jobs":[]}')
 _Scrubbable = TypeVar("_Scrubbable", bound="Outcome | NotFound | Reconcile")
+# Options that change when or whether a job runs; postgres' batch path drops them
+# (docs/ojs.md#batches), so rows carrying them are always published one by one.
+NON_BATCHABLE_OPTIONS = frozenset({"scheduled_at", "delay_until", "expires_at", "unique"})
 _MESSAGE_CHARS = 200
 # The SCREAMING_SNAKE error taxonomy some OJS documents use, mapped onto the servers' codes.
 _ALIASES = {"duplicate_job": "duplicate"}
@@ -63,6 +65,14 @@ _ROW_VERDICTS = {
     413: DeadReason.SINK_TOO_LARGE,
     422: DeadReason.SINK_UNPROCESSABLE,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class Reconcile:
+    """The answer proves nothing (a 409): GET the id and compare before deciding."""
+
+    error: str
+    existing_job_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,7 +421,12 @@ def batch_body(rows: Sequence[ClaimedRow]) -> bytes:
     return b'{"jobs":[' + b",".join(row.job for row in rows) + b"]}"
 
 
-def plan_batches(
+def batchable(envelope: Envelope) -> bool:
+    """Whether a batch request keeps everything the envelope asks of the server."""
+    return NON_BATCHABLE_OPTIONS.isdisjoint(envelope.options)
+
+
+def chunk_batches(
     rows: Sequence[ClaimedRow], *, max_jobs: int, max_bytes: int
 ) -> list[list[ClaimedRow]]:
     """Split rows into batch requests of at most `max_jobs` jobs and `max_bytes` bytes."""

@@ -63,10 +63,11 @@ class _Ceiling(random.Random):
 
 def install(mutant: str, patches: Patches) -> None:
     """Break relayd the way `mutant` does, by replacing the methods it concerns."""
-    from relayd.models import NotFound, Published, Reconcile  # noqa: PLC0415
+    from relayd.models import NotFound, Published  # noqa: PLC0415
     from relayd.relay import RelayWorker  # noqa: PLC0415 - relayd only once a mutant runs
     from relayd.retry import Backoff  # noqa: PLC0415
     from relayd.sinks.ojs import OjsSink  # noqa: PLC0415
+    from relayd.sinks.ojs_answers import Reconcile  # noqa: PLC0415
     from relayd.store import connection  # noqa: PLC0415
     from relayd.store.connection import StoreBase  # noqa: PLC0415
 

@@ -135,7 +135,7 @@ def test_secrets_are_files_of_a_secret_named_by_the_config(
     for name in [n for n in os.environ if n.startswith("RELAYD_")]:
         monkeypatch.delenv(name)
     settings = load_settings(tmp_path / "config.toml")
-    assert settings.sink_url.startswith("http")
+    assert settings.sink.target.startswith("http")
 
 
 def test_pod_monitor_scrapes_the_pods_as_job_relayd() -> None:

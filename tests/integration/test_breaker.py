@@ -15,11 +15,11 @@ import asyncpg
 import structlog
 
 from relayd.breaker import BreakerGate
-from relayd.config import SinkSettings
 from relayd.metrics import RelayMetrics
 from relayd.models import Envelope, SinkDown
 from relayd.retry import BreakerState, CircuitBreaker, Permit
 from relayd.sinks.ojs import OjsSink
+from relayd.sinks.ojs_settings import OjsSettings
 from relayd.testing.emulator import RunningEmulator
 from relayd.testing.faults import FaultRule
 from tests.support import Database, claimed, eventually, produce, relay_settings, running
@@ -51,10 +51,8 @@ async def test_a_read_does_not_close_a_half_open_breaker(emulator: RunningEmulat
     )
     gate = BreakerGate(breaker, RelayMetrics(), asyncio.Event())
     exchanges: list[tuple[str, str]] = []
-    settings = SinkSettings(url=emulator.url, batch="off")
-    sink = OjsSink(
-        settings, emulator.url, gate, observe=lambda method, code: exchanges.append((method, code))
-    )
+    settings = OjsSettings(url=emulator.url, batch="off")
+    sink = OjsSink(settings, gate, observe=lambda method, code: exchanges.append((method, code)))
     await sink.start()
     try:
         for _ in range(5):
@@ -80,7 +78,7 @@ async def test_reads_do_not_break_a_streak_of_failed_writes(emulator: RunningEmu
     emulator.emulator.add_fault(WRITES_FAIL)
     breaker = CircuitBreaker(threshold=3, cooldown_s=10.0, cap_s=60.0, rng=random.Random(1))
     gate = BreakerGate(breaker, RelayMetrics(), asyncio.Event())
-    sink = OjsSink(SinkSettings(url=emulator.url, batch="off"), emulator.url, gate)
+    sink = OjsSink(OjsSettings(url=emulator.url, batch="off"), gate)
     await sink.start()
     try:
         for _ in range(3):
@@ -109,10 +107,8 @@ async def test_an_idle_probe_asks_the_manifest_once_and_the_next_row_proves_it(
     metrics = RelayMetrics()
     gate = BreakerGate(breaker, metrics, asyncio.Event())
     exchanges: list[tuple[str, str]] = []
-    settings = SinkSettings(url=emulator.url, batch="off")
-    sink = OjsSink(
-        settings, emulator.url, gate, observe=lambda method, code: exchanges.append((method, code))
-    )
+    settings = OjsSettings(url=emulator.url, batch="off")
+    sink = OjsSink(settings, gate, observe=lambda method, code: exchanges.append((method, code)))
     await sink.start()
     try:
         with structlog.testing.capture_logs() as logs:

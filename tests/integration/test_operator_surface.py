@@ -83,7 +83,7 @@ async def test_metrics_through_a_sink_outage(database: Database, conn: asyncpg.C
         posted = [
             value
             for (name, labels), value in samples.items()
-            if name == "relayd_sink_requests_total" and ("method", "POST") in labels
+            if name == "relayd_sink_requests_total" and ("operation", "POST") in labels
         ]
         assert sum(posted) >= 1
         # 2.
@@ -105,7 +105,12 @@ async def test_metrics_through_a_sink_outage(database: Database, conn: asyncpg.C
         samples = await _scrape(http, port)
         assert _value(samples, "relayd_breaker_state") == 2
         assert _value(samples, "relayd_outbox_rows", state="dead") == 0
-        assert _value(samples, "relayd_sink_requests_total", method="POST", code="error") >= 1
+        assert (
+            _value(
+                samples, "relayd_sink_requests_total", sink="ojs", operation="POST", code="error"
+            )
+            >= 1
+        )
         assert await _dead(conn) == 0
         # 3.
         async with await start_emulator(port=sink_port) as back:

@@ -203,7 +203,7 @@ async def test_no_post_leaves_after_the_start_by_time(emulator: RunningEmulator)
     """C4: a POST (single or batch) whose attempt's start-by time has passed is not sent; the
     rows come back NotStarted. A GET, which changes nothing on the sink, still is."""
     settings = relay_settings("postgresql://unused@127.0.0.1/x", emulator.url).sink
-    sink = OjsSink(settings, emulator.url, SinkHealthRecord())
+    sink = OjsSink(settings, SinkHealthRecord())
     await sink.start()
     try:
         rows = [claimed() for _ in range(3)]

@@ -21,7 +21,6 @@ from relayd.models import (
     Envelope,
     NotFound,
     Published,
-    Reconcile,
     RetryLater,
     SinkDown,
 )
@@ -32,15 +31,16 @@ from relayd.sinks.ojs_answers import (
     BatchNotServed,
     BatchSplit,
     BatchVerdict,
+    Reconcile,
     Response,
     SecretPieces,
+    chunk_batches,
     classify_batch,
     classify_exception,
     classify_get,
     classify_post,
     differences,
     parse_error,
-    plan_batches,
     redact,
     secret_forms,
 )
@@ -316,9 +316,9 @@ def test_transport_failures_say_whether_the_request_left() -> None:
 def test_plan_batches_bounds_jobs_and_bytes() -> None:
     """Batches hold at most max_jobs jobs and max_bytes bytes, in claim order."""
     rows = [claimed(job_bytes=100) for _ in range(25)]
-    batches = plan_batches(rows, max_jobs=10, max_bytes=10_000)
+    batches = chunk_batches(rows, max_jobs=10, max_bytes=10_000)
     assert [len(b) for b in batches] == [10, 10, 5]
-    batches = plan_batches(rows, max_jobs=100, max_bytes=1_000)
+    batches = chunk_batches(rows, max_jobs=100, max_bytes=1_000)
     assert all(sum(len(r.job) + 1 for r in b) + 11 <= 1_000 for b in batches)
     assert [r for b in batches for r in b] == rows
 

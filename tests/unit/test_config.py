@@ -41,10 +41,10 @@ def test_example_config_loads_and_documents_every_key() -> None:
     assert settings == Settings()
     text = EXAMPLE.read_text()
     documented = tomllib.loads(text)
-    for section, model in Settings.model_fields.items():
+    for section in Settings.model_fields:
         assert f"[{section}]" in text
-        assert model.annotation is not None
-        for key in model.annotation.model_fields:
+        # The section's model as loaded: for [sink], that of the default kind.
+        for key in type(getattr(settings, section)).model_fields:
             assert key in documented.get(section, {}) or f"# {key} = " in text, (
                 f"{section}.{key} is not documented in config.example.toml"
             )
@@ -56,7 +56,7 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("RELAYD_RELAY__WORKERS", "7")
     settings = load_settings(path)
     assert settings.relay.workers == 7
-    assert settings.sink_url == "http://a:1"
+    assert settings.sink.target == "http://a:1"
 
 
 def test_config_path_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

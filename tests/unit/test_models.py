@@ -11,6 +11,7 @@ import pytest
 
 from relayd.models import Envelope, InvalidEnvelope, clean_error
 from relayd.producer import uuid7
+from relayd.sinks.ojs_answers import batchable
 
 ID = "019539a4-aaaa-7000-8000-111111111111"
 
@@ -57,9 +58,9 @@ def test_effective_queue_and_batchability() -> None:
     assert _parse().queue == "default"
     assert _parse(queue="gateway-jobs").queue == "gateway-jobs"
     assert _parse(queue="a", options={"queue": "b"}).queue == "b"
-    assert _parse().batchable
-    assert not _parse(options={"delay_until": "2030-01-01T00:00:00Z"}).batchable
-    assert not _parse(options={"unique": {"keys": ["type"]}}).batchable
+    assert batchable(_parse())
+    assert not batchable(_parse(options={"delay_until": "2030-01-01T00:00:00Z"}))
+    assert not batchable(_parse(options={"unique": {"keys": ["type"]}}))
 
 
 def test_clean_error_strips_controls_and_bounds_bytes() -> None:

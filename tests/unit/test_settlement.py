@@ -20,7 +20,7 @@ from relayd.models import (
     SinkDown,
 )
 from relayd.retry import Backoff
-from relayd.settlement import Settled, SettlementPlan, plan
+from relayd.settlement import Settled, SettleGroups, sort_outcomes
 from tests.support import claimed
 
 MAX_ATTEMPTS = 3
@@ -34,13 +34,15 @@ def _row(attempts: int) -> ClaimedRow:
     return dataclasses.replace(claimed(), attempts=attempts)
 
 
-def _plan(row: ClaimedRow, outcome: Outcome | None, *, sink_wide: bool = False) -> SettlementPlan:
+def _sorted(row: ClaimedRow, outcome: Outcome | None, *, sink_wide: bool = False) -> SettleGroups:
     outcomes = {} if outcome is None else {row.event_id: outcome}
     backoff = Backoff(base_s=1.0, cap_s=30.0, rng=random.Random(7))
-    return plan([row], outcomes, max_attempts=MAX_ATTEMPTS, backoff=backoff, sink_wide=sink_wide)
+    return sort_outcomes(
+        [row], outcomes, max_attempts=MAX_ATTEMPTS, backoff=backoff, sink_wide=sink_wide
+    )
 
 
-def _where(settlement: SettlementPlan) -> str:
+def _where(settlement: SettleGroups) -> str:
     """The one group holding the single planned row."""
     groups = {
         "published": settlement.published.rows,
@@ -84,7 +86,7 @@ def test_each_outcome_lands_in_one_fenced_update(
 ) -> None:
     """Published, dead, released and retried rows go to their own settle statement; the
     refund and max-attempts rules decide between retry and dead letter."""
-    settlement = _plan(_row(attempts), outcome, sink_wide=sink_wide)
+    settlement = _sorted(_row(attempts), outcome, sink_wide=sink_wide)
     assert _where(settlement) == group
     if refund is not None:
         assert settlement.retried.refunds == [refund]
@@ -95,15 +97,15 @@ def test_each_outcome_lands_in_one_fenced_update(
 def test_retry_after_is_honoured_and_capped() -> None:
     """A server's Retry-After sets the delay (capped at cap_s); otherwise full jitter."""
     row = _row(1)
-    assert _plan(row, RetryLater("HTTP 409: queue_paused", 12.0)).retried.delays_s == [12.0]
-    assert _plan(row, SinkDown("HTTP 429", retry_after_s=1e9)).retried.delays_s == [30.0]
-    [jittered] = _plan(row, ODD).retried.delays_s
+    assert _sorted(row, RetryLater("HTTP 409: queue_paused", 12.0)).retried.delays_s == [12.0]
+    assert _sorted(row, SinkDown("HTTP 429", retry_after_s=1e9)).retried.delays_s == [30.0]
+    [jittered] = _sorted(row, ODD).retried.delays_s
     assert 0.0 <= jittered <= 1.0
 
 
 def test_errors_are_cleaned_for_last_error() -> None:
     """Control characters become spaces and the text is bounded to 512 bytes."""
-    settlement = _plan(_row(1), RetryLater("line\nbreak\x00" + "é" * 600))
+    settlement = _sorted(_row(1), RetryLater("line\nbreak\x00" + "é" * 600))
     [error] = settlement.retried.errors
     assert "\n" not in error
     assert "\x00" not in error
@@ -121,7 +123,7 @@ def test_columns_keep_row_order_across_a_claim() -> None:
         rows[4].event_id: NotStarted(),
     }
     backoff = Backoff(base_s=1.0, cap_s=30.0, rng=random.Random(1))
-    settlement = plan(rows, outcomes, max_attempts=3, backoff=backoff, sink_wide=False)
+    settlement = sort_outcomes(rows, outcomes, max_attempts=3, backoff=backoff, sink_wide=False)
     assert settlement.published.rows == [rows[0], rows[2]]
     assert settlement.published.sink_states == ["available", "scheduled"]
     assert settlement.retried.rows == [rows[1]]
@@ -162,7 +164,7 @@ def test_a_poison_storm_retries_the_sinks_rejections(reason: DeadReason, group: 
     row, other = _row(3), _row(3)
     backoff = Backoff(base_s=1.0, cap_s=30.0, rng=random.Random(7))
     rejected = DeadLetter(reason, "HTTP 400: invalid_request: m")
-    settlement = plan(
+    settlement = sort_outcomes(
         [row, other],
         {row.event_id: rejected, other.event_id: rejected},
         max_attempts=MAX_ATTEMPTS,
@@ -181,7 +183,7 @@ def test_a_row_the_storm_guard_held_is_retried_refunded_after_its_delay() -> Non
     """`Held` (never sent: its queue and type are held): retried after the hold's delay,
     its attempt given back, whatever attempts it used."""
     row = _row(MAX_ATTEMPTS)
-    settlement = plan(
+    settlement = sort_outcomes(
         [row],
         {row.event_id: Held("poison storm: queue q, type t held by relayd", 60.0)},
         max_attempts=MAX_ATTEMPTS,

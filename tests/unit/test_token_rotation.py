@@ -18,9 +18,9 @@ import pytest
 import structlog
 from pydantic import SecretStr
 
-from relayd.config import SinkSettings
 from relayd.models import Envelope, Outcome, Published, SinkDown
 from relayd.sinks.ojs import OjsSink
+from relayd.sinks.ojs_settings import OjsSettings
 from relayd.testing.emulator import EmulatorConfig, FaultRule, RunningEmulator, start_emulator
 from relayd.token_file import SECRET_MAX_BYTES, TokenFile
 from tests.support import SinkHealthRecord, claimed
@@ -211,9 +211,9 @@ async def test_a_token_file_swapped_for_a_fifo_or_a_huge_file_is_not_read(
 # --- the sink against the emulator -------------------------------------------------------
 
 
-def _settings(emulator: RunningEmulator, path: Path) -> SinkSettings:
+def _settings(emulator: RunningEmulator, path: Path) -> OjsSettings:
     """Read as the configuration is loaded: the token file's content at this moment."""
-    return SinkSettings(url=emulator.url, token_file=path, batch="off")
+    return OjsSettings(url=emulator.url, token_file=path, batch="off")
 
 
 @asynccontextmanager
@@ -222,9 +222,9 @@ async def _sink(
     path: Path,
     clock: _Clock,
     health: SinkHealthRecord,
-    settings: SinkSettings | None = None,
+    settings: OjsSettings | None = None,
 ) -> AsyncIterator[OjsSink]:
-    sink = OjsSink(settings or _settings(emulator, path), emulator.url, health, clock=clock)
+    sink = OjsSink(settings or _settings(emulator, path), health, clock=clock)
     await sink.start()
     try:
         yield sink
@@ -347,7 +347,7 @@ async def test_a_request_that_cannot_be_built_is_a_sink_wide_outcome(tmp_path: P
     that never reached the server, with no token in its text: never an exception."""
     clock, health = _Clock(), SinkHealthRecord()
     async with await start_emulator(EmulatorConfig()) as emulator:
-        settings = SinkSettings(url=emulator.url, batch="off")
+        settings = OjsSettings(url=emulator.url, batch="off")
         settings._token = SecretStr(f"{OLD}\n{NEW}")
         async with _sink(emulator, tmp_path / "unused", clock, health, settings) as sink:
             _, first = await _publish(sink)
