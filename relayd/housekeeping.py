@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from relayd.errors import DatabaseUnavailable, StatementError
+from relayd.errors import StatementError
 from relayd.logs import get_logger
 from relayd.metrics import RelayMetrics
 from relayd.reconnect import DatabaseRetry
@@ -77,22 +77,17 @@ class Housekeeping:
         policy's backoff instead; any other failure is relayd's own and propagates (the
         supervisor stops the daemon loudly).
         """
-        outages = 0
-        while not self._stopping.is_set():
-            try:
-                await self.run(chore, step)
-            except DatabaseUnavailable as exc:
-                outages += 1
-                await self._database.wait(
-                    outages,
-                    exc,
-                    log=self._log.bind(chore=chore.value),
-                    event=f"{chore.value}.database_unavailable",
-                    stopping=self._stopping,
-                )
-                continue
-            outages = 0
+
+        async def turn() -> None:
+            await self.run(chore, step)
             await wait_event(self._stopping, interval_s)
+
+        await self._database.repeat(
+            turn,
+            log=self._log.bind(chore=chore.value),
+            event=f"{chore.value}.database_unavailable",
+            stopping=self._stopping,
+        )
 
     async def run(self, chore: Chore, step: Callable[[], Awaitable[object]]) -> bool:
         """Run `step` once and record how it went; False if PostgreSQL refused its statement.

@@ -9,7 +9,7 @@ from relayd.errors import DatabaseUnavailable
 from relayd.logs import get_logger
 from relayd.reconnect import DatabaseRetry
 from relayd.store import Store
-from relayd.wakeup import WorkSignal
+from relayd.wakeup import WorkSignal, wait_first
 
 # How often the LISTEN connection proves it is alive (a silently dead TCP peer never closes).
 _LISTEN_PING_S = 30.0
@@ -21,36 +21,22 @@ async def listen_for_inserts(
     """Relay the outbox channel's notifications into `wakeup` until `stopping` is set,
     reconnecting through `database`'s policy when the connection is lost."""
     log = get_logger("wakeup")
-    failures = 0
-    while not stopping.is_set():
+    outage = database.outage(log=log, event="wakeup.listen_failed", stopping=stopping)
+
+    async def session() -> None:
+        """One LISTEN connection, until it is lost or the daemon stops."""
         try:
             async with store.listen(wakeup.notify) as listener:
                 log.info("wakeup.listening", channel=store.table.channel)
-                failures = 0
+                outage.over()
                 # Rows committed while we were not listening got no notification for us.
                 wakeup.notify()
                 while not stopping.is_set() and not listener.lost.is_set():
-                    await _first_of(listener.lost, stopping, timeout_s=_LISTEN_PING_S)
+                    await wait_first((listener.lost, stopping), _LISTEN_PING_S)
                     if not stopping.is_set() and not listener.lost.is_set():
                         async with asyncio.timeout(10):
                             await listener.ping()
-        except (DatabaseUnavailable, TimeoutError) as exc:
-            failures += 1
-            lost = (
-                exc
-                if isinstance(exc, DatabaseUnavailable)
-                else DatabaseUnavailable("the LISTEN connection did not answer its ping")
-            )
-            await database.wait(
-                failures, lost, log=log, event="wakeup.listen_failed", stopping=stopping
-            )
+        except TimeoutError as exc:
+            raise DatabaseUnavailable("the LISTEN connection did not answer its ping") from exc
 
-
-async def _first_of(*events: asyncio.Event, timeout_s: float) -> None:
-    """Return when any event is set or the timeout passes."""
-    waiters = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
+    await outage.repeat(session)

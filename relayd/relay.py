@@ -150,27 +150,20 @@ class RelayWorker:
         self._empty_claims = 0  # consecutive claims that came back with no row
 
     async def run(self) -> None:
-        """Loop until the process stops; returns after settling what it holds."""
-        db_failures = 0
-        while not self._ctx.stopping.is_set():
+        """Loop until the process stops; returns after settling what it holds. A cycle that
+        fails for want of PostgreSQL is waited out by the outage policy, then the next
+        begins."""
+
+        async def turn() -> None:
             permit = await self._ctx.gate.acquire()
             if permit is None:
-                break
-            try:
-                more_due = await self.cycle(permit)
-            except DatabaseUnavailable as exc:
-                db_failures += 1
-                await self._ctx.database.wait(
-                    db_failures,
-                    exc,
-                    log=self._log,
-                    event="relay.database_unavailable",
-                    stopping=self._ctx.stopping,
-                )
-                continue
-            db_failures = 0
-            if not more_due:
+                return  # stopping
+            if not await self.cycle(permit):
                 await self.wait_for_work()
+
+        await self._ctx.database.repeat(
+            turn, log=self._log, event="relay.database_unavailable", stopping=self._ctx.stopping
+        )
 
     async def cycle(self, permit: Permit) -> bool:
         """One claim -> publish -> settle; True if more rows may be due now: the claim came

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from relayd.logs import get_logger
 from relayd.retry import BreakerState
+from relayd.wakeup import wait_first
 
 # How often STATUS= is refreshed when no watchdog asks for more.
 STATUS_INTERVAL_S = 5.0
@@ -152,21 +153,7 @@ async def notify_loop(daemon: Observed, notifier: Notifier, watchdog_s: float | 
             lines.append(f"STATUS={status}")
         notifier.send(*lines)
         events = ((daemon.ready, ready_sent), (daemon.stopping, stopping_sent))
-        await _next_tick([event for event, sent in events if not sent], tick)
-
-
-async def _next_tick(events: list[asyncio.Event], timeout_s: float) -> None:
-    """Sleep `timeout_s`, or less if one of `events` is set first."""
-    if not events:
-        await asyncio.sleep(timeout_s)
-        return
-    waiters = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()
-        await asyncio.gather(*waiters, return_exceptions=True)
+        await wait_first([event for event, sent in events if not sent], tick)
 
 
 @contextlib.asynccontextmanager

@@ -1,4 +1,5 @@
-"""How idle loops sleep: until notified, a deadline, or stop, never by ticking.
+"""How idle loops sleep: until notified, a deadline, or stop, never by ticking (`wait_event`,
+`wait_first` for the first of several events).
 
 `WorkSignal` wakes the relay workers one at a time. `Wakeup` is a broadcast signal: a waiter
 takes a `snapshot()` *before* it looks for work and waits on that snapshot, so a notification
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Sequence
 
 
 class Wakeup:
@@ -32,12 +34,32 @@ class Wakeup:
 
 async def wait_event(event: asyncio.Event, timeout_s: float | None) -> bool:
     """Wait for `event` at most `timeout_s` seconds (None: forever); True if it was set."""
-    if event.is_set():
+    return await wait_first((event,), timeout_s)
+
+
+async def wait_first(events: Sequence[asyncio.Event], timeout_s: float | None) -> bool:
+    """Wait until one of `events` is set, at most `timeout_s` seconds (None: forever; no
+    event: just the timeout); True if one was set. Whether it returns, times out or is
+    cancelled, no waiter outlives the call: each is cancelled and awaited."""
+    if any(event.is_set() for event in events):
         return True
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout_s):
-            await event.wait()
-    return event.is_set()
+    # One event needs no task of its own: the common case (an idle loop and its stop event).
+    waiters = [asyncio.ensure_future(event.wait()) for event in events] if len(events) > 1 else []
+    try:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                if waiters:
+                    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                elif events:
+                    await events[0].wait()
+                else:
+                    await asyncio.get_running_loop().create_future()  # only the timeout ends it
+    finally:
+        if waiters:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+    return any(event.is_set() for event in events)
 
 
 class WorkSignal:

@@ -23,7 +23,7 @@ from relayd.privileges import Role, grant_script
 from relayd.store import Store
 from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from relayd.testing.postgres import EmbeddedPostgres
-from tests.support import DEFAULT_TABLE, Database, PgServer, dsn_for
+from tests.support import DEFAULT_TABLE, Database, PgServer, dsn_for, relayd_env
 from tests.tools import REQUIRE_ENV, SKIP_PREFIX
 
 
@@ -119,9 +119,7 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
     """Environment for `relayd` subprocesses: no inherited RELAYD_* settings, an empty config."""
     config = tmp_path / "relayd.toml"
     config.write_text("")
-    env = {key: value for key, value in os.environ.items() if not key.startswith("RELAYD_")}
-    env["RELAYD_CONFIG"] = str(config)
-    return env
+    return relayd_env({"RELAYD_CONFIG": str(config)})
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """What the tests share: the test database's types, the in-process relay helpers, a
-pure-test claimed row, `relayd` run as a child process, and a TCP proxy that cuts PostgreSQL
-away. Helpers and types only: the fixtures stay in the conftest.py files (pytest finds them
-there) and import from here.
+pure-test claimed row, `relayd` run as a child process (its environment and its command
+line, one of each), and a TCP proxy that cuts PostgreSQL away. Helpers and types only: the
+fixtures stay in the conftest.py files (pytest finds them there) and import from here.
 """
 
 from __future__ import annotations
@@ -9,17 +9,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import asyncpg
+import pytest
 
 from relayd.config import Settings
 from relayd.daemon import Daemon
@@ -222,20 +224,49 @@ def claimed(job_bytes: int = 0, **job: Any) -> ClaimedRow:
 # --- relayd as a child process: `python -m relayd ARGS` --------------------------------
 
 
+def relayd_env(
+    settings: Mapping[str, str] | None = None, *, keep: Iterable[str] = ()
+) -> dict[str, str]:
+    """What a `relayd` child process gets: this environment less its RELAYD_* variables (no
+    setting of the developer's shell leaks into a test), bar those named in `keep`, then
+    `settings`."""
+    kept = set(keep)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYD_") or k in kept}
+    return env | dict(settings or {})
+
+
+def clear_relayd_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For one test, this process's environment as `relayd_env` gives it to a child: no
+    RELAYD_* variable."""
+    for key in os.environ.keys() - relayd_env().keys():
+        monkeypatch.delenv(key)
+
+
+def relayd_argv(*args: str, switched: bool = False) -> list[str]:
+    """`relayd ARGS` run by this interpreter; `switched`: through the test launcher, which
+    installs the failpoints and mutant its environment names (relayd/testing/launch.py)."""
+    module = "relayd.testing.launch" if switched else "relayd"
+    return [sys.executable, "-m", module, *args]
+
+
+async def start_relayd(
+    *args: str,
+    env: Mapping[str, str],
+    stdout: int | IO[Any] | None = asyncio.subprocess.PIPE,
+    stderr: int | IO[Any] | None = asyncio.subprocess.PIPE,
+) -> asyncio.subprocess.Process:
+    """Start `relayd ARGS` as a process (its output piped unless told otherwise)."""
+    return await asyncio.create_subprocess_exec(
+        *relayd_argv(*args), env=env, stdout=stdout, stderr=stderr
+    )
+
+
 async def run_relayd(
     *args: str, env: dict[str, str], timeout_s: float = 60.0
 ) -> tuple[int, str, str]:
     """Run `relayd ARGS` as a process without blocking this event loop (a relay or an
     emulator may run in it); (exit code, stdout, stderr)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "relayd",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    process = await start_relayd(*args, env=env)
     out, err = await asyncio.wait_for(process.communicate(), timeout=timeout_s)
     assert process.returncode is not None
     return process.returncode, out.decode(), err.decode()
@@ -246,7 +277,7 @@ def run_relayd_blocking(
 ) -> subprocess.CompletedProcess[str]:
     """Run `relayd ARGS` as a process and wait for it, blocking (nothing else runs meanwhile)."""
     return subprocess.run(
-        [sys.executable, "-m", "relayd", *args],
+        relayd_argv(*args),
         env=env,
         cwd=cwd,
         capture_output=True,

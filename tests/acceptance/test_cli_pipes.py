@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 
 import asyncpg
 import pytest
 
 from relayd.testing.emulator import RunningEmulator
-from tests.support import Database, rows_in_every_state
+from tests.support import Database, rows_in_every_state, start_relayd
 
 # The exit status a shell shows for a process killed by SIGPIPE (docs/operations.md).
 READER_GONE = 128 + signal.SIGPIPE
@@ -46,15 +45,7 @@ async def _into_closed_pipe(args: list[str], env: dict[str, str]) -> tuple[int, 
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "relayd",
-            *args,
-            env=env,
-            stdout=write_end,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        process = await start_relayd(*args, env=env, stdout=write_end)
     finally:
         os.close(write_end)
     _, err = await asyncio.wait_for(process.communicate(), timeout=60)

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from pathlib import Path
 
-from tests.support import run_relayd
+from tests.support import run_relayd, start_relayd
 
 _STARTED_S = 60.0  # an embedded PostgreSQL to create, then the demo's run (about 15 s)
 _STOPPED_S = 30.0
@@ -31,18 +30,7 @@ async def test_demo_keep_serves_its_dead_letters_until_sigint(cli_env: dict[str,
     """1. `relayd demo --keep` prints a configuration file once its run is over; 2. `relayd
     dlq list --config PATH` lists the demo's four poison rows from the PostgreSQL it kept;
     3. SIGINT stops it: exit 0, its directory (PostgreSQL's data, the file) removed."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "relayd",
-        "demo",
-        "--rows",
-        "100",
-        "--keep",
-        env=cli_env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    process = await start_relayd("demo", "--rows", "100", "--keep", env=cli_env)
     try:
         config = await _config_path(process)  # 1.
         assert config.is_file()

@@ -5,13 +5,21 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sys
 
 import asyncpg
 
 from relayd.testing.emulator import start_emulator
 from relayd.testing.faults import FaultRule
-from tests.support import Database, drained, eventually, pending, produce, relay_settings, running
+from tests.support import (
+    Database,
+    drained,
+    eventually,
+    pending,
+    produce,
+    relay_settings,
+    running,
+    start_relayd,
+)
 
 GRACE_S = 5.0
 
@@ -34,15 +42,7 @@ def _env(base: dict[str, str], dsn: str, sink_url: str, **extra: str) -> dict[st
 
 
 async def _start(env: dict[str, str]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "relayd",
-        "run",
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    return await start_relayd("run", env=env)
 
 
 def _events(stderr: bytes) -> dict[str, dict[str, object]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 from relayd import __version__
 from relayd.config import DEFAULT_CONFIG_PATH
 from relayd.testing.emulator import RunningEmulator
-from tests.support import Database, run_relayd_blocking
+from tests.support import Database, relayd_env, run_relayd_blocking
 
 ROOT = Path(__file__).resolve().parents[2]
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
@@ -48,10 +47,8 @@ def installed_wheel(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 
 def _env(site: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYD_")}
     # The installed copy first, the venv's dependencies after; not the source tree.
-    env["PYTHONPATH"] = str(site)
-    return env | extra
+    return relayd_env({"PYTHONPATH": str(site)} | extra)
 
 
 def test_installed_wheel_finds_its_migrations(installed_wheel: Path, tmp_path: Path) -> None:
@@ -136,14 +133,8 @@ def image_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _image_env(**settings: str) -> dict[str, str]:
     """The image's environment: no RELAYD_CONFIG, its ENV lines, a home that does not exist."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYD_")}
-    return (
-        env
-        | {
-            "HOME": "/nonexistent",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "RELAYD_LOG__FORMAT": "json",
-        }
+    return relayd_env(
+        {"HOME": "/nonexistent", "PYTHONDONTWRITEBYTECODE": "1", "RELAYD_LOG__FORMAT": "json"}
         | settings
     )
 

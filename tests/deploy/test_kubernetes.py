@@ -3,7 +3,6 @@ the properties relayd needs (probes, a locked-down pod, a grace period above the
 
 from __future__ import annotations
 
-import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import yaml
 from relayd.config import load_settings
 from tests.deploy.conftest import DEPLOY
 from tests.deploy.dockerfile import final
+from tests.support import clear_relayd_env
 
 MANIFESTS = DEPLOY / "kubernetes"
 SETTLE_BOUND_S = 10  # relayd/daemon.py: settling after the grace period takes at most this
@@ -132,8 +132,7 @@ def test_secrets_are_files_of_a_secret_named_by_the_config(
     text = text.replace(config["database"]["dsn_file"], str(tmp_path / "dsn"))
     text = text.replace(config["sink"]["token_file"], str(tmp_path / "token"))
     (tmp_path / "config.toml").write_text(text)
-    for name in [n for n in os.environ if n.startswith("RELAYD_")]:
-        monkeypatch.delenv(name)
+    clear_relayd_env(monkeypatch)
     settings = load_settings(tmp_path / "config.toml")
     assert settings.sink.target.startswith("http")
 

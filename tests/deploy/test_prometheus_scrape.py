@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +22,7 @@ from relayd.testing.emulator import start_emulator
 from relayd.testing.processes import await_http, free_port
 from tests.deploy.conftest import DEPLOY
 from tests.deploy.promql import metric_names
-from tests.support import Database, drained, eventually, produce
+from tests.support import Database, drained, eventually, produce, relayd_env, start_relayd
 from tests.tools import tool
 
 RULES = DEPLOY / "prometheus" / "relayd.rules.yml"
@@ -44,24 +42,24 @@ async def _relayd(
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """`relayd run` with a one-failure breaker and a long cooldown (so, once open, it leaves
     the backlog alone), sampling every 0.5 s; drained with SIGTERM on exit, which must be 0."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RELAYD_")} | {
-        "RELAYD_CONFIG": str(tmp_path / "empty.toml"),
-        "RELAYD_DATABASE__DSN": dsn,
-        "RELAYD_SINK__URL": sink_url,
-        "RELAYD_HTTP__LISTEN": f"127.0.0.1:{port}",
-        "RELAYD_METRICS__SAMPLE_INTERVAL_S": "0.5",
-        "RELAYD_RETRY__BREAKER_THRESHOLD": "1",
-        "RELAYD_RETRY__BREAKER_COOLDOWN_S": "5",
-        "RELAYD_RETRY__CAP_S": "5",
-        "RELAYD_RETRY__BASE_S": "0.1",
-        "RELAYD_SINK__CONNECT_TIMEOUT_S": "0.5",
-        "RELAYD_LOG__FORMAT": "json",
-    }
+    env = relayd_env(
+        {
+            "RELAYD_CONFIG": str(tmp_path / "empty.toml"),
+            "RELAYD_DATABASE__DSN": dsn,
+            "RELAYD_SINK__URL": sink_url,
+            "RELAYD_HTTP__LISTEN": f"127.0.0.1:{port}",
+            "RELAYD_METRICS__SAMPLE_INTERVAL_S": "0.5",
+            "RELAYD_RETRY__BREAKER_THRESHOLD": "1",
+            "RELAYD_RETRY__BREAKER_COOLDOWN_S": "5",
+            "RELAYD_RETRY__CAP_S": "5",
+            "RELAYD_RETRY__BASE_S": "0.1",
+            "RELAYD_SINK__CONNECT_TIMEOUT_S": "0.5",
+            "RELAYD_LOG__FORMAT": "json",
+        }
+    )
     (tmp_path / "empty.toml").write_text("")
     with (tmp_path / "relayd.log").open("wb") as log:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "relayd", "run", env=env, stdout=log, stderr=log
-        )
+        process = await start_relayd("run", env=env, stdout=log, stderr=log)
         try:
             await await_http(f"http://127.0.0.1:{port}/healthz", process)
             yield process

@@ -17,7 +17,7 @@ import pytest
 
 from relayd.testing.emulator import RunningEmulator
 from tests.deploy.conftest import DEPLOY
-from tests.support import Database, run_relayd_blocking
+from tests.support import Database, relayd_argv, run_relayd_blocking
 
 UNIT = DEPLOY / "systemd" / "relayd.service"
 MAX_EXPOSURE = 2.0
@@ -38,7 +38,8 @@ if libc.prctl({_PR_SET_MDWE + 1}, 0, 0, 0, 0) != {_PR_MDWE_REFUSE_EXEC_GAIN}:  #
 if libc.prctl({_PR_SET_NO_NEW_PRIVS}, 1, 0, 0, 0) != 0:
     sys.exit(1)
 os.umask(0o077)
-os.execv(sys.executable, [sys.executable, "-m", "relayd", "run"])
+argv = {relayd_argv("run")!r}
+os.execv(argv[0], argv)
 """
 
 
@@ -194,10 +195,9 @@ async def test_run_sends_ready_watchdog_and_stopping(
     NoNewPrivileges= (as prctl(2) imposes them) and UMask=0077."""
     path, sock = notify_socket
     port = _free_port()
-    command = ["-c", _HARDENED] if hardened else ["-m", "relayd", "run"]
+    argv = [sys.executable, "-c", _HARDENED] if hardened else relayd_argv("run")
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *command,
+        *argv,
         env=_run_env(cli_env, database, emulator, path, port),
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
-import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +24,7 @@ import asyncpg
 from relayd.models import OutboxTable
 from relayd.testing.processes import free_port
 from tests.faults.checker import Report, assert_clean, check, install_history
-from tests.support import DEFAULT_TABLE, produce
+from tests.support import DEFAULT_TABLE, produce, relayd_argv, relayd_env
 
 _READY_TIMEOUT_S = 30.0
 _STOP_TIMEOUT_S = 20.0
@@ -58,25 +56,13 @@ FAST: Mapping[str, str] = {
 def child_env(extra: Mapping[str, str]) -> dict[str, str]:
     """What a scenario's child process gets: this environment less its RELAYD_* settings
     (bar the two the suite passes on), then `extra`."""
-    inherited = {
-        k: v
-        for k, v in os.environ.items()
-        # A mutant (relayd/testing/mutants.py) selected for a negative control reaches every
-        # relay.
-        if not k.startswith("RELAYD_") or k in ("RELAYD_TEST_OJS_CONFORMANCE", "RELAYD_TEST_MUTANT")
-    }
-    return inherited | dict(extra)
+    # A mutant (relayd/testing/mutants.py) selected for a negative control reaches every
+    # relay.
+    return relayd_env(extra, keep=("RELAYD_TEST_OJS_CONFORMANCE", "RELAYD_TEST_MUTANT"))
 
 
 # What arms a process's failpoints and mutant: only the test launcher reads them.
 TEST_SWITCHES = ("RELAYD_TEST_FAILPOINTS", "RELAYD_TEST_MUTANT")
-
-
-def relayd_argv(*args: str, switched: bool = False) -> list[str]:
-    """`relayd ARGS` run by this interpreter; `switched`: through the test launcher, which
-    installs the failpoints and mutant its environment names (relayd/testing/launch.py)."""
-    module = "relayd.testing.launch" if switched else "relayd"
-    return [sys.executable, "-m", module, *args]
 
 
 async def await_ok(http: aiohttp.ClientSession, url: str, proc: Process) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 
 from relayd.testing.processes import free_port
-from tests.faults.harness import Process, Scene, await_ok, relayd_argv
-from tests.support import run_relayd
+from tests.faults.harness import Process, Scene, await_ok
+from tests.support import relayd_argv, run_relayd
 
 CHORES = {"RELAYD_METRICS__SAMPLE_INTERVAL_S": "0.2", "RELAYD_CLEANUP__INTERVAL_S": "0.2"}
 

@@ -10,10 +10,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from relayd.testing.mutants import MUTANTS
-from tests.faults import test_clock as clock
-from tests.faults import test_relay_crashes as crashes
-from tests.faults import test_retries as retries
-from tests.faults import test_sink_faults as sink
+from tests.faults import scenarios
 from tests.faults.harness import Scene
 
 Scenario = Callable[[Scene], Awaitable[None]]
@@ -22,30 +19,30 @@ Scenario = Callable[[Scene], Awaitable[None]]
 CAUGHT_BY: dict[str, tuple[Scenario, str]] = {
     # Rows marked published, then the relay dies before sending them.
     "mark_before_post": (
-        functools.partial(crashes.test_kill_9_at_a_step_of_the_cycle, point="before_post"),
+        functools.partial(scenarios.kill_9_at_a_step, point="before_post"),
         r"falsely published \(\d+\)",
     ),
     # The frozen relay's late settle lands on rows its successor already published.
     "unfenced_settle": (
-        functools.partial(crashes.test_sigstop_past_the_lease_then_sigcont, point="after_2xx"),
+        functools.partial(scenarios.sigstop_past_the_lease, point="after_2xx"),
         r"stale token \(\d+\)",
     ),
     # The successor POSTs rows the dead relay had sent, on a sink that overwrites.
     "post_without_get": (
-        functools.partial(crashes.test_kill_9_at_a_step_of_the_cycle, point="after_2xx"),
+        functools.partial(scenarios.kill_9_at_a_step, point="after_2xx"),
         r"duplicated \(\d+\)",
     ),
     # The sink holds someone else's job under a row's id; the mutant records it published.
     "conflict_is_success": (
-        functools.partial(sink.test_409_with_a_different_job, batch="off"),
+        functools.partial(scenarios.a_different_job_under_our_id, batch="off"),
         r"falsely published \(1\)",
     ),
     # A relay an hour ahead leases rows for an hour and dies: nobody may take them over.
     "host_clock_leases": (
-        functools.partial(clock.test_a_relay_whose_wall_clock_is_an_hour_off, shift_s=3600),
+        functools.partial(scenarios.a_wall_clock_off, shift_s=3600),
         r"rows still pending",
     ),
-    "no_jitter": (retries.test_rows_failed_together_are_retried_apart, "distinct times"),
+    "no_jitter": (scenarios.rows_failed_together_retried_apart, "distinct times"),
 }
 
 

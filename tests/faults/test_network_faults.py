@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from relayd.testing.processes import free_port
-from tests.faults.harness import Process, Scene, Sink, relayd_argv
+from tests.faults.harness import Process, Scene, Sink
 from tests.faults.netfaults import (
     FaultProxy,
     Mode,
@@ -29,6 +29,7 @@ from tests.faults.netfaults import (
     bridge_env,
     netns,
 )
+from tests.support import relayd_argv
 from tests.tools import root, tool
 
 OVERWRITE = ("--duplicate-mode", "overwrite")

@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from tests.faults import scenarios
 from tests.faults.harness import Scene
 
 # A sink that silently overwrites a reused id: a second POST of a published row shows in its
@@ -20,14 +21,7 @@ OVERWRITE = ("--duplicate-mode", "overwrite")
 async def test_kill_9_at_a_step_of_the_cycle(scene: Scene, point: str) -> None:
     """The relay dies (SIGKILL) the second time it reaches `point`; its leases are ended in
     SQL; a clean relay publishes the rest, reconciling what may already be on the sink."""
-    await scene.start_sink(*OVERWRITE)
-    await scene.produce(80)
-    doomed = await scene.relay("doomed", failpoints=f"{point}=exit@2", ready=False)
-    assert await doomed.wait() == -signal.SIGKILL
-    await scene.expire_leases()
-    await scene.relay("heir")
-    await scene.drained()
-    await scene.check()
+    await scenarios.kill_9_at_a_step(scene, point)
 
 
 async def test_kill_9_while_settling_during_a_drain(scene: Scene) -> None:
@@ -52,23 +46,7 @@ async def test_sigstop_past_the_lease_then_sigcont(scene: Scene, point: str) -> 
     """A relay freezes (a stalled VM) at `point` for longer than its lease; another relay
     takes the rows over and publishes them; the first resumes: it must not POST (its claim
     is too old), and its late settle must change nothing (counted stale)."""
-    await scene.start_sink(*OVERWRITE)
-    ids = await scene.produce(30)
-    # Not waited on for /healthz: the rows are there already, and a relay that stops itself
-    # before its HTTP listener first answers would never answer.
-    frozen = await scene.relay(
-        "frozen", failpoints=f"{point}=pause@1", ready=False, RELAYD_RELAY__WORKERS="1"
-    )
-    await frozen.fired(point)
-    assert frozen.stopped()
-    # The lease runs out in real time (3 s): the frozen relay's own clock must see it too.
-    await scene.relay("heir")
-    await scene.drained()
-    frozen.signal(signal.SIGCONT)
-    assert await frozen.stop() == 0  # it finishes its cycle first: the late settle
-    assert await scene.published() == len(ids)
-    await scene.check()
-    assert "relay.stale_settle" in frozen.log()
+    await scenarios.sigstop_past_the_lease(scene, point)
 
 
 async def test_sigterm_mid_batch_finishes_or_releases(scene: Scene) -> None:

@@ -10,13 +10,13 @@ lost, unexpected, duplicated or falsely published.
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
 
+from tests.faults import scenarios
 from tests.faults.harness import Scene
 
 # A sink that silently overwrites a reused id: a second POST of a stored job shows in its
@@ -130,33 +130,12 @@ async def test_429_with_retry_after(scene: Scene, form: str) -> None:
     await scene.check()
 
 
-async def _post(scene: Scene, job: dict[str, object]) -> int:
-    assert scene.sink is not None
-    async with scene.http.post(
-        f"{scene.sink.url}{JOBS}",
-        data=json.dumps(job),
-        headers={"Content-Type": "application/openjobspec+json"},
-    ) as answer:
-        return answer.status
-
-
 @pytest.mark.parametrize("batch", ["off", "on"])
 async def test_409_with_a_different_job(scene: Scene, batch: str) -> None:
     """Someone else already created one of our ids on the sink with other args: the POST
     answers 409 (one row's, or its batch's), the GET shows a different job, and the row is
     dead-lettered `conflict` (never recorded published); the other rows go out."""
-    await scene.start_sink()  # the conformance behaviour: a reused id is a 409
-    ids = await scene.produce(10)
-    taken = ids[3]
-    row = await scene.conn.fetchrow(f"SELECT job FROM {scene.sql_table} WHERE event_id = $1", taken)
-    assert row is not None
-    theirs = json.loads(row["job"]) | {"args": [{"someone": "else"}]}
-    assert await _post(scene, theirs) == 201
-    await scene.relay("relay", RELAYD_SINK__BATCH=batch)
-    await scene.drained()
-    await scene.check()
-    assert await scene.dead() == {taken: "conflict"}
-    assert await scene.published() == len(ids) - 1
+    await scenarios.a_different_job_under_our_id(scene, batch)
 
 
 async def test_409_then_the_get_finds_nothing(scene: Scene) -> None:

@@ -21,7 +21,8 @@ import pytest
 import trustme
 
 from relayd.testing.processes import free_port
-from tests.faults.harness import Process, Scene, Sink, await_ok, relayd_argv
+from tests.faults.harness import Process, Scene, Sink, await_ok
+from tests.support import relayd_argv
 
 # A sink that silently overwrites a reused id: a second POST of a stored job shows in its
 # ledger as an overwrite, which the checker reports as a duplicate.

@@ -5,7 +5,8 @@ unchanged: relayd reads neither, only the test launcher does."""
 from __future__ import annotations
 
 from relayd.testing.processes import free_port
-from tests.faults.harness import Scene, await_ok, relayd_argv
+from tests.faults.harness import Scene, await_ok
+from tests.support import relayd_argv
 
 
 async def test_a_relay_ignores_test_switches_in_its_environment(scene: Scene) -> None:

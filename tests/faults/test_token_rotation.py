@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from relayd.testing.processes import free_port
-from tests.faults.harness import Scene, await_ok, relayd_argv
+from tests.faults.harness import Scene, await_ok
+from tests.support import relayd_argv
 from tests.tools import tool
 
 OLD = "old-token"

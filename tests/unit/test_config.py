@@ -14,6 +14,7 @@ from relayd.dsn import redact_dsn
 from relayd.errors import ConfigError
 from relayd.models import OutboxTable
 from relayd.store import _server_settings
+from tests.support import clear_relayd_env
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config.example.toml"
@@ -22,11 +23,7 @@ EXAMPLE = ROOT / "config.example.toml"
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No RELAYD_* variable of the developer's shell leaks into these tests."""
-    import os  # noqa: PLC0415
-
-    for key in list(os.environ):
-        if key.startswith("RELAYD_"):
-            monkeypatch.delenv(key)
+    clear_relayd_env(monkeypatch)
 
 
 def _write(tmp_path: Path, text: str) -> Path:

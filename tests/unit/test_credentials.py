@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from relayd.config import load_settings
 from relayd.errors import ConfigError
+from tests.support import clear_relayd_env
 
 DSN = "postgresql://relayd:s3cret@db.internal:5432/app"
 
@@ -16,9 +16,7 @@ DSN = "postgresql://relayd:s3cret@db.internal:5432/app"
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No RELAYD_* or credentials variable of the developer's shell leaks into these tests."""
-    for key in list(os.environ):
-        if key.startswith("RELAYD_"):
-            monkeypatch.delenv(key)
+    clear_relayd_env(monkeypatch)
     monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
 
 

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from relayd.cli import main
 from relayd.config import Settings
 from relayd.healthcheck import healthz_url
+from tests.support import clear_relayd_env
 
 
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No RELAYD_* variable of the developer's shell leaks into these tests."""
-    for key in list(os.environ):
-        if key.startswith("RELAYD_"):
-            monkeypatch.delenv(key)
+    clear_relayd_env(monkeypatch)
 
 
 @pytest.mark.parametrize(

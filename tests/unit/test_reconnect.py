@@ -1,4 +1,5 @@
-"""The one database-outage policy: count, log, back off, retry; stop or give up on time."""
+"""The one database-outage loop: count, log, back off, retry; stop or give up on time; the
+backoff starts over once PostgreSQL answers."""
 
 from __future__ import annotations
 
@@ -68,3 +69,53 @@ async def test_call_gives_up_after_until() -> None:
     with pytest.raises(DatabaseUnavailable):
         await retry.call(_Flaky(5), log=structlog.get_logger(), event="e", until=until)
     assert _errors(metrics) == 1
+
+
+async def test_repeat_runs_until_stopping_and_waits_out_each_failure() -> None:
+    """A step that fails twice, answers, fails once more: every failure counted and logged,
+    the step run again after each; a stop ends the loop."""
+    retry, metrics = _retry()
+    stopping = asyncio.Event()
+    script = [True, True, False, True, False]
+
+    async def step() -> None:
+        if not script:
+            stopping.set()
+            return
+        if script.pop(0):
+            raise DatabaseUnavailable("gone")
+
+    with structlog.testing.capture_logs() as logs:
+        async with asyncio.timeout(5):
+            await retry.repeat(step, log=structlog.get_logger(), event="x.down", stopping=stopping)
+    assert not script
+    assert _errors(metrics) == 3
+    assert [entry["event"] for entry in logs] == ["x.down"] * 3
+
+
+async def test_the_backoff_starts_over_once_the_database_answered() -> None:
+    """Failures in a row count up (each draws a longer delay) and start over once
+    PostgreSQL answered: when a call returns, or when a step that holds a connection says
+    `over()` on connecting."""
+    retry, _metrics = _retry()
+    outage = retry.outage(log=structlog.get_logger(), event="e")
+    flaky = _Flaky(2)
+    seen: list[int] = []
+
+    async def step() -> str:
+        seen.append(outage.failures)
+        return await flaky()
+
+    assert await outage.call(step) == "answer"
+    assert seen == [0, 1, 2]
+    assert outage.failures == 0
+
+    async def connected_then_lost() -> None:
+        outage.over()
+        raise DatabaseUnavailable("lost")
+
+    outage.failures = 4
+    outage.until = asyncio.get_running_loop().time() - 1  # raise the failure, do not wait
+    with pytest.raises(DatabaseUnavailable):
+        await outage.call(connected_then_lost)
+    assert outage.failures == 1

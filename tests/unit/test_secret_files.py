@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from relayd.cli import main
 from relayd.config import load_settings
 from relayd.errors import ConfigError
 from relayd.token_file import SECRET_MAX_BYTES, bearer_problem, read_secret_file
+from tests.support import clear_relayd_env, relayd_argv
 from tests.tools import tool
 
 # A FIFO read the old way blocks until a writer appears: on the code before the fix these
@@ -28,9 +28,7 @@ SECRET_TAIL = "Zq7-rotated-by-ops"  # noqa: S105 - a test value, not a credentia
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No RELAYD_* variable of the developer's shell leaks into these tests."""
-    for key in list(os.environ):
-        if key.startswith("RELAYD_"):
-            monkeypatch.delenv(key)
+    clear_relayd_env(monkeypatch)
 
 
 def _config(tmp_path: Path, key: str, secret: Path) -> Path:
@@ -171,7 +169,7 @@ def test_a_secret_file_linked_to_dev_zero_is_refused_unread(
     secret = tmp_path / "zero"
     secret.symlink_to("/dev/zero")
     prlimit = str(tool("prlimit", "util-linux"))
-    argv = [prlimit, f"--as={_ZERO_AS_BYTES}", "--", sys.executable, "-m", "relayd"]
+    argv = [prlimit, f"--as={_ZERO_AS_BYTES}", "--", *relayd_argv()]
     result = subprocess.run(
         [*argv, "config", "show", "--config", str(_config(tmp_path, key, secret))],
         env=cli_env,

@@ -1,11 +1,12 @@
 """WorkSignal: a notification wakes one idle worker, or waits as a token for the next one;
-stopping wakes them all; a notification is never lost to a timeout or a cancellation."""
+stopping wakes them all; a notification is never lost to a timeout or a cancellation.
+wait_first: the first of several events or a timeout, leaving no waiter behind."""
 
 from __future__ import annotations
 
 import asyncio
 
-from relayd.wakeup import WorkSignal
+from relayd.wakeup import WorkSignal, wait_event, wait_first
 
 DEADLINE_S = 5.0
 
@@ -111,3 +112,50 @@ async def test_waiters_that_time_out_or_are_cancelled_leave_the_queue() -> None:
         await _settle()
         signal.notify()
         assert await late is True
+
+
+def _tasks() -> set[asyncio.Task[object]]:
+    """The tasks of this loop other than the running one."""
+    return asyncio.all_tasks() - {asyncio.current_task()}
+
+
+async def test_wait_first_returns_on_the_first_event_set() -> None:
+    """Two events, the second set while waiting: True at once, and no waiter task left
+    behind for the event that was not set."""
+    first, second = asyncio.Event(), asyncio.Event()
+    before = _tasks()
+    async with asyncio.timeout(DEADLINE_S):
+        waiting = asyncio.create_task(wait_first((first, second), None))
+        await _settle()
+        second.set()
+        assert await waiting is True
+    assert _tasks() == before
+
+
+async def test_wait_first_times_out_false_and_an_event_already_set_is_true() -> None:
+    """No event set within the timeout: False; one set before the call: True at once; no
+    event at all: only the timeout."""
+    events = (asyncio.Event(), asyncio.Event())
+    before = _tasks()
+    async with asyncio.timeout(DEADLINE_S):
+        assert await wait_first(events, 0.01) is False
+        assert await wait_first((), 0.01) is False
+        assert await wait_event(events[0], 0.01) is False
+        events[1].set()
+        assert await wait_first(events, None) is True
+        assert await wait_event(events[1], None) is True
+    assert _tasks() == before
+
+
+async def test_a_cancelled_wait_first_leaves_no_waiter() -> None:
+    """Cancelling the caller cancels and awaits every waiter it started."""
+    events = (asyncio.Event(), asyncio.Event(), asyncio.Event())
+    before = _tasks()
+    async with asyncio.timeout(DEADLINE_S):
+        waiting = asyncio.create_task(wait_first(events, None))
+        await _settle()
+        assert len(_tasks() - before) == 1 + len(events)  # the caller and its waiters
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+    assert waiting.cancelled()
+    assert _tasks() == before
