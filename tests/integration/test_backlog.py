@@ -14,8 +14,8 @@ from relayd.housekeeping import Housekeeping
 from relayd.metrics import RelayMetrics
 from relayd.reconnect import DatabaseRetry
 from relayd.retry import Backoff, BreakerState
-from relayd.sampler import InstanceInfo, Sampler
-from relayd.status import build_report, sample_backlog
+from relayd.sampler import InstanceInfo, Sampler, sample_backlog
+from relayd.status import build_report
 from relayd.store import Store
 from tests.support import produce, rows_in_every_state
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from relayd.backlog import Backlog
 from relayd.metrics import RelayMetrics
 from relayd.operator_models import Pause
 from relayd.status import (
-    Backlog,
     Count,
     HeldByPause,
     Instance,
