@@ -19,7 +19,13 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from relayd import __version__
-from relayd.config import Settings, describe_config_source, example_config, load_settings
+from relayd.config import (
+    Settings,
+    describe_config_source,
+    example_config,
+    load_settings,
+    to_toml,
+)
 from relayd.errors import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -494,33 +500,3 @@ def _config_show(args: argparse.Namespace) -> int:
 def _config_example(_args: argparse.Namespace) -> int:
     print(example_config(), end="")
     return EXIT_OK
-
-
-def to_toml(
-    data: dict[str, dict[str, Any]], withheld: dict[tuple[str, str], str] | None = None
-) -> str:
-    """Render the (flat, two-level) settings as TOML that loads back as the same values;
-    unset keys, and the `withheld` ones (with the reason), become comments."""
-    lines: list[str] = []
-    for section, values in data.items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            reason = (withheld or {}).get((section, key))
-            if value is None:
-                lines.append(f"# {key} = (unset)")
-            elif reason is not None:
-                lines.append(f"# {key} = {_toml_value(value)}  ({reason})")
-            else:
-                lines.append(f"{key} = {_toml_value(value)}")
-        lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    # A TOML basic string: JSON's escapes are TOML's too, but TOML refuses the surrogate
-    # pairs JSON writes outside the BMP (so no ensure_ascii), and wants DEL escaped.
-    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
