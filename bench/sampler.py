@@ -26,8 +26,8 @@ import asyncpg
 from relayd.backlog import BACKLOG_BOUND
 from relayd.migrate import connect_and_migrate
 from relayd.models import OutboxTable
+from relayd.operator.status import build_report
 from relayd.sampler import sample_backlog
-from relayd.status import build_report
 from relayd.store import Store
 from relayd.testing.postgres import EmbeddedPostgres
 

@@ -290,7 +290,7 @@ def _event_loop_runner() -> Callable[[Coroutine[Any, Any, int]], int]:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from relayd.check import failed, run_checks  # noqa: PLC0415
+    from relayd.operator.check import failed, run_checks  # noqa: PLC0415
 
     settings = _settings(args)
     lines = asyncio.run(run_checks(settings, describe_config_source(args.config), Role(args.role)))
@@ -323,7 +323,7 @@ def _grants(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from relayd.doctor import diagnose  # noqa: PLC0415
+    from relayd.operator.doctor import diagnose  # noqa: PLC0415
     from relayd.store import Store  # noqa: PLC0415
 
     settings = _settings(args)
@@ -384,18 +384,18 @@ def _add_operator_commands(
     common: argparse.ArgumentParser,
 ) -> None:
     """`dlq`, `held`, `pause` and `resume`: operator actions on the outbox, each audited. The
-    handlers (relayd/deadletters.py, relayd/held.py, relayd/pauses.py) check their own option
-    values, so that a bad one is a single line and exit 2."""
-    from relayd import deadletters, held, pauses  # noqa: PLC0415 - kept with the commands it adds
+    handlers (relayd/operator/dlq.py, held.py, pause.py) check their own option values, so
+    that a bad one is a single line and exit 2."""
+    from relayd.operator import dlq, held, pause  # noqa: PLC0415 - kept with the commands it adds
 
-    deadletters.add_commands(commands, common)
+    dlq.add_commands(commands, common)
     held.add_commands(commands, common)
-    pauses.add_commands(commands, common)
+    pause.add_commands(commands, common)
 
 
 def _status(args: argparse.Namespace) -> int:
     from relayd.migrate import require_current  # noqa: PLC0415
-    from relayd.status import (  # noqa: PLC0415
+    from relayd.operator.status import (  # noqa: PLC0415
         StatusReport,
         build_report,
         render_text,
@@ -466,7 +466,7 @@ def _emulator(args: argparse.Namespace) -> int:
 
 
 def _healthcheck(args: argparse.Namespace) -> int:
-    from relayd.healthcheck import probe  # noqa: PLC0415 - urllib only, no event loop
+    from relayd.operator.healthcheck import probe  # noqa: PLC0415 - urllib only, no event loop
 
     try:
         healthy, said = probe(_settings(args), args.timeout)

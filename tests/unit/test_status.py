@@ -13,8 +13,7 @@ import pytest
 
 from relayd.backlog import Backlog
 from relayd.metrics import RelayMetrics
-from relayd.operator_models import Pause
-from relayd.status import (
+from relayd.operator.status import (
     Count,
     HeldByPause,
     Instance,
@@ -22,6 +21,7 @@ from relayd.status import (
     render_text,
     report_json,
 )
+from relayd.operator_models import Pause
 
 AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 

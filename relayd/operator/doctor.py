@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from relayd.check import Verdict
+from relayd.operator.check import Verdict
+from relayd.operator.render import printable
 from relayd.store import Store
-from relayd.terminal import printable
 
 # A transaction older than this holding the horizon is worth a warning: an outbox publishes
 # and settles rows every second, and each leaves a dead tuple vacuum cannot remove meanwhile.

@@ -20,15 +20,15 @@ from typing import Any, TextIO
 from relayd.config import load_settings
 from relayd.errors import EXIT_OK
 from relayd.models import MAX_QUEUE_CHARS, MAX_TYPE_CHARS, QUEUE_PATTERN, TYPE_PATTERN
-from relayd.operator import (
+from relayd.operator.command import (
     BadInput,
     check_text,
     operator_command,
     operator_store,
     resolve_actor,
 )
+from relayd.operator.render import printable
 from relayd.operator_models import EVERY_QUEUE, EVERY_TYPE, Pause, QueueUse, describe_pause
-from relayd.terminal import printable
 
 _MAX_REASON_CHARS = 1000
 # How many rows `pause --queue` reads at most looking for one that routes to the queue: no

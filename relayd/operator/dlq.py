@@ -21,7 +21,17 @@ import json
 import sys
 
 from relayd.config import load_settings
-from relayd.deadletters_actions import (
+from relayd.errors import EXIT_FAILURE, EXIT_OK
+from relayd.operator.command import (
+    BadInput,
+    check_text,
+    fail,
+    operator_command,
+    operator_store,
+    parse_count,
+    resolve_actor,
+)
+from relayd.operator.dlq_actions import (
     DEFAULT_BATCH_SIZE,
     MAX_BATCH_SIZE,
     ActionPlan,
@@ -30,24 +40,14 @@ from relayd.deadletters_actions import (
     act,
     walk_end,
 )
-from relayd.deadletters_filters import filter_args, parse_ids
-from relayd.deadletters_output import (
+from relayd.operator.dlq_filters import filter_args, parse_ids
+from relayd.operator.dlq_output import (
     Progress,
     iso,
     render_list,
     render_show,
     row_json,
     write_summary,
-)
-from relayd.errors import EXIT_FAILURE, EXIT_OK
-from relayd.operator import (
-    BadInput,
-    check_text,
-    fail,
-    operator_command,
-    operator_store,
-    parse_count,
-    resolve_actor,
 )
 from relayd.operator_models import AuditEntry, DeadLetterRow, DlqAction, RowOutcome
 

@@ -18,11 +18,11 @@ from dataclasses import asdict, dataclass
 from relayd.config import Settings
 from relayd.errors import ConfigError, DatabaseUnavailable, SchemaError, StatementError
 from relayd.migrate import require_current
+from relayd.operator.render import printable
 from relayd.privileges import COMMANDS, Role, hint, role_privileges
 from relayd.sinks import SinkHealth
 from relayd.sinks.ojs import OjsSink
 from relayd.store import Store
-from relayd.terminal import printable
 
 # Host and database clocks further apart than this are reported. Leases use the database's
 # clock only, so a skew never breaks fencing; it misleads people reading timestamps.

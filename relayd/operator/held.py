@@ -20,11 +20,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from relayd.config import load_settings
-from relayd.deadletters_actions import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, ActionSummary
-from relayd.deadletters_filters import parse_ids
-from relayd.deadletters_output import Progress, iso, write_summary
 from relayd.errors import EXIT_FAILURE, EXIT_OK
-from relayd.operator import (
+from relayd.operator.command import (
     BadInput,
     check_text,
     operator_command,
@@ -32,9 +29,12 @@ from relayd.operator import (
     parse_count,
     resolve_actor,
 )
+from relayd.operator.dlq_actions import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, ActionSummary
+from relayd.operator.dlq_filters import parse_ids
+from relayd.operator.dlq_output import Progress, iso, write_summary
+from relayd.operator.pause import queue_arg, type_arg
+from relayd.operator.render import columns
 from relayd.operator_models import AuditEntry, DlqAction, HeldFilter, HeldPage, HeldRow
-from relayd.pauses import queue_arg, type_arg
-from relayd.terminal import columns
 
 if TYPE_CHECKING:
     from relayd.store import Store

@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from relayd import jsonvalue
-from relayd.deadletters_actions import ActionSummary
+from relayd.operator.dlq_actions import ActionSummary
+from relayd.operator.render import columns, printable
 from relayd.operator_models import DeadLetterRow, DlqAction
-from relayd.terminal import columns, printable
 
 # Ids printed by name in a human summary; past that, counts only.
 _IDS_SHOWN = 20
@@ -195,7 +195,7 @@ def _short_time(value: datetime | None) -> str:
 
 
 def _clean(value: str | None) -> str | None:
-    """Stored text, safe on a terminal (relayd/terminal.py)."""
+    """Stored text, safe on a terminal (relayd/operator/render.py)."""
     return None if value is None else printable(value)
 
 

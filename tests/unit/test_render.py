@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relayd.terminal import columns, printable
+from relayd.operator.render import columns, printable
 
 
 @pytest.mark.parametrize(

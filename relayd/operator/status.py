@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from relayd.backlog import BACKLOG_BOUND, Backlog
+from relayd.operator.render import printable
 from relayd.operator_models import Pause
-from relayd.terminal import printable
 
 if TYPE_CHECKING:
     from relayd.store import Store

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from relayd.models import DeadReason
-from relayd.operator import BadInput, check_text, quote
+from relayd.operator.command import BadInput, check_text, quote
 from relayd.operator_models import DeadLetterFilter
 
 if TYPE_CHECKING:
