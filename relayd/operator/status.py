@@ -8,24 +8,68 @@ is in `sql/queries.sql` (`backlog_sample` and the blocks after it).
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from relayd.backlog import BACKLOG_BOUND, Backlog
-from relayd.operator.render import printable
+from relayd.config import load_settings
+from relayd.errors import EXIT_OK
+from relayd.operator.command import Needs, command_store
+from relayd.operator.pause import pause_json
+from relayd.operator.render import age, columns, iso, printable, stamp
 from relayd.operator_models import Pause
 
 if TYPE_CHECKING:
+    from relayd.operator.command import Commands
     from relayd.store import Store
 
 # How many queues and types `relayd status` lists.
 TOP_N = 10
 # A relay whose heartbeat is older than this many sample intervals is marked stale.
 STALE_INTERVALS = 3
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+def status_command(args: argparse.Namespace) -> int:
+    """`relayd status [--json]`: read-only, from one snapshot."""
+    settings = load_settings(args.config)
+
+    async def read() -> StatusReport:
+        async with command_store(settings, needs=Needs.CURRENT) as store:
+            return await build_report(
+                store,
+                sample_interval_s=settings.metrics.sample_interval_s,
+                lease_s=settings.relay.lease_s,
+            )
+
+    report = asyncio.run(read())
+    if args.json:
+        sys.stdout.write(json.dumps(report_json(report), indent=2) + "\n")
+    else:
+        sys.stdout.write(render_text(report))
+    return EXIT_OK
+
+
+def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
+    """`relayd status`, beside its handler."""
+    status = commands.add_parser(
+        "status",
+        parents=[common],
+        help="show the backlog, dead letters, pauses and the relays running now (read-only)",
+    )
+    status.add_argument(
+        "--json", action="store_true", help="print JSON (the shape in docs/operations.md)"
+    )
+    status.set_defaults(handler=status_command)
 
 
 # --- the report ---------------------------------------------------------------------------
@@ -159,7 +203,7 @@ def report_json(report: StatusReport) -> dict[str, Any]:
     backlog = report.backlog
     return {
         "outbox": report.outbox,
-        "at": _iso(backlog.at),
+        "at": iso(backlog.at),
         "backlog": {
             "rows": {
                 "ready": backlog.ready,
@@ -183,25 +227,15 @@ def report_json(report: StatusReport) -> dict[str, Any]:
             "types": [{"name": c.name, "rows": c.rows} for c in report.top_types],
         },
         "paused": backlog.any_pause,
-        "pauses": [
-            {
-                "queue": held.pause.queue,
-                "type": held.pause.type,
-                "reason": held.pause.reason,
-                "paused_by": held.pause.paused_by,
-                "paused_at": _iso(held.pause.paused_at),
-                "held_rows": held.rows,
-            }
-            for held in report.pauses
-        ],
+        "pauses": [pause_json(held.pause) | {"held_rows": held.rows} for held in report.pauses],
         "instances": [
             {
                 "instance_id": i.instance_id,
                 "host": i.host,
                 "pid": i.pid,
                 "version": i.version,
-                "started_at": _iso(i.started_at),
-                "last_seen": _iso(i.last_seen),
+                "started_at": iso(i.started_at),
+                "last_seen": iso(i.last_seen),
                 "last_seen_age_s": round(i.last_seen_age_s, 3),
                 "stale": i.stale,
                 "breaker_state": i.breaker_state,
@@ -212,10 +246,6 @@ def report_json(report: StatusReport) -> dict[str, Any]:
         ],
         "stale_after_s": report.stale_after_s,
     }
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.astimezone(UTC).isoformat()
 
 
 def _finite(value: float | None) -> float | None:
@@ -241,7 +271,7 @@ _STATE_NOTES = {
 def render_text(report: StatusReport) -> str:
     """The report for a terminal."""
     backlog = report.backlog
-    lines = [f"{report.outbox} at {_when(backlog.at)}", "", "Backlog"]
+    lines = [f"{report.outbox} at {stamp(backlog.at)}", "", "Backlog"]
     counts = {
         "ready": backlog.ready,
         "paused": backlog.paused,
@@ -254,12 +284,10 @@ def render_text(report: StatusReport) -> str:
         for state, rows in counts.items()
     ]
     state_rows.append(
-        ["oldest claimable", _age(backlog.oldest_claimable_age_s), "since its available_at"]
+        ["oldest claimable", age(backlog.oldest_claimable_age_s), "since its available_at"]
     )
-    state_rows.append(
-        ["oldest pending", _age(backlog.oldest_pending_age_s), "since its created_at"]
-    )
-    lines += _table(state_rows, right=(1,))
+    state_rows.append(["oldest pending", age(backlog.oldest_pending_age_s), "since its created_at"])
+    lines += columns(state_rows, indent="  ", right=(1,))
     lines.append(
         f"  (each state counted exactly up to {backlog.bound:,} rows"
         + ("; ~ is PostgreSQL's estimate)" if backlog.estimated else ")")
@@ -278,19 +306,23 @@ def render_text(report: StatusReport) -> str:
 
     lines += ["", "Pauses" + ("" if report.pauses else ": none")]
     if report.pauses:
-        lines += _table(
+        pauses = sorted(report.pauses, key=lambda held: held.pause.paused_at)
+        lines += columns(
             [
-                [
-                    held.pause.queue,
-                    held.pause.type,
-                    f"{held.rows:,}",
-                    held.pause.reason,
-                    held.pause.paused_by,
-                    _when(held.pause.paused_at),
-                ]
-                for held in sorted(report.pauses, key=lambda held: held.pause.paused_at)
+                ["queue", "type", "held", "reason", "by", "since"],
+                *(
+                    [
+                        held.pause.queue,
+                        held.pause.type,
+                        f"{held.rows:,}",
+                        held.pause.reason,
+                        held.pause.paused_by,
+                        stamp(held.pause.paused_at),
+                    ]
+                    for held in pauses
+                ),
             ],
-            header=["queue", "type", "held", "reason", "by", "since"],
+            indent="  ",
             right=(2,),
         )
         lines.append(
@@ -298,35 +330,29 @@ def render_text(report: StatusReport) -> str:
             "order; `relayd held list` shows them)"
         )
 
-    stale = f"stale: no heartbeat for more than {_age(report.stale_after_s)}"
+    stale = f"stale: no heartbeat for more than {age(report.stale_after_s)}"
     lines += ["", f"Relays ({stale})" if report.instances else "Relays: none running"]
     if report.instances:
-        lines += _table(
+        header = ["instance", "host", "pid", "version", "started", "last seen", "breaker"]
+        lines += columns(
             [
-                [
-                    i.instance_id,
-                    i.host,
-                    str(i.pid),
-                    i.version,
-                    _when(i.started_at),
-                    f"{_age(i.last_seen_age_s)} ago",
-                    i.breaker_state,
-                    str(i.in_flight),
-                    "STALE" if i.stale else "",
-                ]
-                for i in report.instances
+                [*header, "in flight", ""],
+                *(
+                    [
+                        i.instance_id,
+                        i.host,
+                        str(i.pid),
+                        i.version,
+                        stamp(i.started_at),
+                        f"{age(i.last_seen_age_s)} ago",
+                        i.breaker_state,
+                        str(i.in_flight),
+                        "STALE" if i.stale else "",
+                    ]
+                    for i in report.instances
+                ),
             ],
-            header=[
-                "instance",
-                "host",
-                "pid",
-                "version",
-                "started",
-                "last seen",
-                "breaker",
-                "in flight",
-                "",
-            ],
+            indent="  ",
             right=(2, 7),
         )
         for i in report.instances:
@@ -347,51 +373,4 @@ def _over(counted: int, backlog: Backlog, which: str) -> str:
 def _counts(counts: Sequence[Count]) -> list[str]:
     if not counts:
         return ["  (none)"]
-    return _table([[c.name, f"{c.rows:,}"] for c in counts], right=(1,))
-
-
-def _table(
-    rows: Sequence[Sequence[str]],
-    *,
-    header: Sequence[str] | None = None,
-    right: Sequence[int] = (),
-) -> list[str]:
-    """Rows as aligned columns, indented by two spaces; columns in `right` align right.
-    Cells are made printable first, so that the columns line up as the terminal shows them."""
-    every = [list(header), *rows] if header is not None else [list(r) for r in rows]
-    every = [[printable(cell) for cell in row] for row in every]
-    widths = [max(len(row[col]) for row in every) for col in range(len(every[0]))]
-    return [
-        "  "
-        + "  ".join(
-            cell.rjust(width) if col in right else cell.ljust(width)
-            for col, (cell, width) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in every
-    ]
-
-
-def _when(value: datetime | None) -> str:
-    if value is None:
-        return "-"
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _age(seconds: float | None) -> str:
-    """1.5s, 2m03s, 4h05m, 3d02h; '-' for none, 'infinite' for a time parked at infinity."""
-    if seconds is None or math.isnan(seconds):
-        return "-"
-    seconds = max(seconds, 0.0)
-    if math.isinf(seconds):
-        return "infinite"
-    if seconds < 60:  # noqa: PLR2004 - a minute
-        return f"{seconds:.1f}s"
-    whole = int(seconds)
-    days, rest = divmod(whole, 86_400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours:02d}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s"
+    return columns([[c.name, f"{c.rows:,}"] for c in counts], indent="  ", right=(1,))

@@ -252,7 +252,7 @@ def test_json_shape_is_stable() -> None:
 def test_human_output_marks_estimates_bounds_and_stale_relays() -> None:
     """The table says which counts are estimates, what the top lists cover, who is stale."""
     text = render_text(_report())
-    assert text.startswith("relayd.outbox at 2026-01-02 03:04:05 UTC\n")
+    assert text.startswith("relayd.outbox at 2026-01-02T03:04:05Z\n")
     lines = text.splitlines()
     assert "  ready              ~909  claimable now" in lines
     assert "  scheduled             1  waiting out a backoff" in lines
@@ -262,7 +262,7 @@ def test_human_output_marks_estimates_bounds_and_stale_relays() -> None:
     assert "Top queues, over the first 10 pending rows in claim order (the bound)" in text
     assert any(
         line.split()
-        == ["mail", "*", "1", "smtp", "migration", "alice", "2026-01-02", "02:04:05", "UTC"]
+        == ["mail", "*", "1", "smtp", "migration", "alice", "2026-01-02T02:04:05Z"]
         for line in lines
     )
     assert (
