@@ -261,8 +261,7 @@ def test_human_output_marks_estimates_bounds_and_stale_relays() -> None:
     assert "(each state counted exactly up to 10 rows; ~ is PostgreSQL's estimate)" in text
     assert "Top queues, over the first 10 pending rows in claim order (the bound)" in text
     assert any(
-        line.split()
-        == ["mail", "*", "1", "smtp", "migration", "alice", "2026-01-02T02:04:05Z"]
+        line.split() == ["mail", "*", "1", "smtp", "migration", "alice", "2026-01-02T02:04:05Z"]
         for line in lines
     )
     assert (
