@@ -23,9 +23,11 @@ from pathlib import Path
 
 import asyncpg
 
+from relayd.backlog import BACKLOG_BOUND
 from relayd.migrate import connect_and_migrate
 from relayd.models import OutboxTable
-from relayd.status import BACKLOG_BOUND, build_report, sample_backlog
+from relayd.operator.status import build_report
+from relayd.sampler import sample_backlog
 from relayd.store import Store
 from relayd.testing.postgres import EmbeddedPostgres
 

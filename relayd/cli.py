@@ -16,10 +16,10 @@ import select
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relayd import __version__
-from relayd.config import Settings, describe_config_source, example_config, load_settings
+from relayd.config import describe_config_source, example_config, load_settings, to_toml
 from relayd.errors import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -32,9 +32,22 @@ from relayd.errors import (
     SchemaError,
     StatementError,
 )
+from relayd.operator import (
+    check,
+    dlq,
+    doctor,
+    grants,
+    healthcheck,
+    held,
+    migrate,
+    pause,
+    status,
+)
+from relayd.operator.command import Handler, fail
 from relayd.privileges import Role, hint
 
-Handler = Callable[[argparse.Namespace], int]
+if TYPE_CHECKING:
+    from relayd.operator.command import Commands
 
 # What a shell reports for a process killed by SIGPIPE.
 EXIT_READER_GONE = 128 + signal.SIGPIPE
@@ -61,19 +74,19 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     try:
         return handler(args)
     except ConfigError as exc:
-        _fail(f"config error: {exc}")
+        fail(f"config error: {exc}")
         return EXIT_USAGE
     except (SchemaError, MigrationError, ListenError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
         return EXIT_FAILURE
     except DatabaseUnavailable as exc:
-        _fail(f"database unavailable: {exc}")
+        fail(f"database unavailable: {exc}")
         return EXIT_FAILURE
     except StatementError as exc:
         if isinstance(exc, PrivilegeError):
-            _fail(f"{exc}; {hint(_ROLES.get(args.command, Role.OPERATOR))}")
+            fail(f"{exc}; {hint(_ROLES.get(args.command, Role.OPERATOR))}")
         else:
-            _fail(f"the database refused the statement {exc}")
+            fail(f"the database refused the statement {exc}")
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
@@ -121,42 +134,51 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="PATH", help=_CONFIG_HELP)
     parser.add_argument("--version", action="version", version=f"relayd {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Each module adds its commands, each parser beside its handler (the operator's in
+    # relayd/operator/); `--help` lists them in this order.
+    adders: list[Callable[[Commands, argparse.ArgumentParser], None]] = [
+        _add_run_command,
+        check.add_commands,
+        grants.add_commands,
+        doctor.add_commands,
+        migrate.add_commands,
+        dlq.add_commands,
+        held.add_commands,
+        pause.add_commands,
+        _add_config_commands,
+        status.add_commands,
+        _add_demo_command,
+        _add_emulator_command,
+        healthcheck.add_commands,
+    ]
+    for add_commands in adders:
+        add_commands(commands, common)
+    return parser
 
+
+def _add_run_command(commands: Commands, common: argparse.ArgumentParser) -> None:
     run = commands.add_parser("run", parents=[common], help="run the relay until signalled")
     run.set_defaults(handler=_run)
 
-    check = commands.add_parser(
-        "check",
-        parents=[common],
-        help="can relayd run here? configuration, database, schema, privileges, sink, clock",
-    )
-    check.add_argument("--json", action="store_true", help="machine-readable output")
-    check.add_argument(
-        "--role",
-        choices=(Role.RELAY.value, Role.OPERATOR.value),
-        default=Role.RELAY.value,
-        help="whose privileges to check: relayd run's (relay, the default) or the operator "
-        "commands' (operator)",
-    )
-    check.set_defaults(handler=_check)
-    _add_grants_command(commands, common)
 
-    doctor = commands.add_parser(
-        "doctor",
-        parents=[common],
-        help="the outbox's health in PostgreSQL: vacuum, the xmin horizon, the claim's plan",
-    )
-    doctor.add_argument("--json", action="store_true", help="machine-readable output")
-    doctor.set_defaults(handler=_doctor)
+def _run(args: argparse.Namespace) -> int:
+    from relayd.daemon import run_daemon  # noqa: PLC0415 - keeps `config show` light
 
-    migrate = commands.add_parser(
-        "migrate", parents=[common], help="create or upgrade the outbox table (idempotent)"
-    )
-    migrate.add_argument("--json", action="store_true", help="machine-readable output")
-    migrate.set_defaults(handler=_migrate)
+    settings = load_settings(args.config)
+    return _event_loop_runner()(run_daemon(settings))
 
-    _add_operator_commands(commands, common)
 
+def _event_loop_runner() -> Callable[[Coroutine[Any, Any, int]], int]:
+    """uvloop where it is installed (a dependency on every platform it supports): it cuts
+    relayd's CPU per row by about a quarter (bench/README.md); asyncio's own loop elsewhere."""
+    try:
+        import uvloop  # noqa: PLC0415 - only `relayd run` needs it
+    except ImportError:
+        return asyncio.run
+    return uvloop.run
+
+
+def _add_config_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
     config = commands.add_parser("config", parents=[common], help="inspect the configuration")
     config_commands = config.add_subparsers(dest="config_command", required=True)
     show = config_commands.add_parser(
@@ -169,16 +191,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     example.set_defaults(handler=_config_example)
 
-    status = commands.add_parser(
-        "status",
-        parents=[common],
-        help="show the backlog, dead letters, pauses and the relays running now (read-only)",
-    )
-    status.add_argument(
-        "--json", action="store_true", help="print JSON (the shape in docs/operations.md)"
-    )
-    status.set_defaults(handler=_status)
 
+def _config_show(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    data = settings.redacted()
+    source = describe_config_source(args.config)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        print(f"relayd: {source}", file=sys.stderr)  # stdout stays pure JSON
+        return EXIT_OK
+    # The output loads back as the same configuration, except a password given inline: read
+    # back as `***` it would be wrong, so that DSN is shown only as a comment.
+    withheld: dict[tuple[str, str], str] = {}
+    dsn = settings.database.dsn
+    if dsn is not None and data["database"]["dsn"] != dsn.get_secret_value():
+        withheld["database", "dsn"] = "its password is not printed: keep the DSN in dsn_file"
+    print(f"# {source}\n{to_toml(data, withheld)}", end="")
+    return EXIT_OK
+
+
+def _config_example(_args: argparse.Namespace) -> int:
+    print(example_config(), end="")
+    return EXIT_OK
+
+
+def _add_demo_command(commands: Commands, common: argparse.ArgumentParser) -> None:
     demo = commands.add_parser(
         "demo", help="run the main job end to end on an embedded PostgreSQL and the emulator"
     )
@@ -191,6 +228,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(handler=_demo)
 
+
+def _demo(args: argparse.Namespace) -> int:
+    from relayd.demo import run_demo  # noqa: PLC0415 - needs the `embedded` extra
+
+    if args.rows < 1:
+        raise ConfigError("--rows", "must be at least 1")
+    return run_demo(args.rows, keep=args.keep)
+
+
+def _add_emulator_command(commands: Commands, common: argparse.ArgumentParser) -> None:
     emulator = commands.add_parser(
         "emulator", help="serve the in-memory OJS emulator (for demos and tests)"
     )
@@ -221,210 +268,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     emulator.add_argument("--tls-key", metavar="PATH", help="the PEM private key of --tls-cert")
     emulator.set_defaults(handler=_emulator)
-
-    healthcheck = commands.add_parser(
-        "healthcheck",
-        parents=[common],
-        help="ask the running daemon's /healthz (at http.listen): exit 0 if healthy, else 1",
-    )
-    healthcheck.add_argument("--timeout", type=float, default=3.0, metavar="SECONDS")
-    healthcheck.set_defaults(handler=_healthcheck)
-
-    return parser
-
-
-def _add_grants_command(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-    common: argparse.ArgumentParser,
-) -> None:
-    grants = commands.add_parser(
-        "grants",
-        parents=[common],
-        help="print the GRANT script a role needs on the configured outbox",
-    )
-    grants.add_argument(
-        "--role",
-        required=True,
-        choices=[role.value for role in Role],
-        help="relay (relayd run), operator (status, dlq, pause, resume, doctor) or migrator "
-        "(relayd migrate)",
-    )
-    grants.add_argument(
-        "--to",
-        metavar="ROLE",
-        help="the database role to grant to (default: relayd, relayd_operator, relayd_migrator)",
-    )
-    grants.add_argument("--json", action="store_true", help="machine-readable output")
-    grants.set_defaults(handler=_grants)
-
-
-def _settings(args: argparse.Namespace) -> Settings:
-    return load_settings(args.config)
-
-
-def _fail(message: str) -> None:
-    print(f"relayd: {message}", file=sys.stderr)
-
-
-def _run(args: argparse.Namespace) -> int:
-    from relayd.daemon import run_daemon  # noqa: PLC0415 - keeps `config show` light
-
-    settings = _settings(args)
-    return _event_loop_runner()(run_daemon(settings))
-
-
-def _event_loop_runner() -> Callable[[Coroutine[Any, Any, int]], int]:
-    """uvloop where it is installed (a dependency on every platform it supports): it cuts
-    relayd's CPU per row by about a quarter (bench/README.md); asyncio's own loop elsewhere."""
-    try:
-        import uvloop  # noqa: PLC0415 - only `relayd run` needs it
-    except ImportError:
-        return asyncio.run
-    return uvloop.run
-
-
-def _check(args: argparse.Namespace) -> int:
-    from relayd.check import failed, run_checks  # noqa: PLC0415
-
-    settings = _settings(args)
-    lines = asyncio.run(run_checks(settings, describe_config_source(args.config), Role(args.role)))
-    if args.json:
-        print(json.dumps([line.as_json() for line in lines], indent=2))
-    else:
-        print("\n".join(line.render() for line in lines))
-    return EXIT_FAILURE if failed(lines) else EXIT_OK
-
-
-def _grants(args: argparse.Namespace) -> int:
-    from relayd.privileges import DEFAULT_GRANTEE, grant_script  # noqa: PLC0415
-
-    settings = _settings(args)
-    role = Role(args.role)
-    try:
-        script = grant_script(
-            role,
-            settings.outbox.outbox_table,
-            DEFAULT_GRANTEE[role] if args.to is None else args.to,
-            cleanup=settings.cleanup.enabled,
-        )
-    except ValueError as exc:
-        raise ConfigError("--to", str(exc)) from None
-    if args.json:
-        print(json.dumps(script.as_json(), indent=2))
-    else:
-        print(script.text(), end="")
-    return EXIT_OK
-
-
-def _doctor(args: argparse.Namespace) -> int:
-    from relayd.doctor import diagnose  # noqa: PLC0415
-    from relayd.store import Store  # noqa: PLC0415
-
-    settings = _settings(args)
-
-    async def examine() -> Any:
-        store = await Store.for_command(settings)
-        try:
-            return await diagnose(
-                store, lease_s=settings.relay.lease_s, batch_size=settings.relay.batch_size
-            )
-        finally:
-            await store.close()
-
-    diagnosis = asyncio.run(examine())
-    print(diagnosis.as_json() if args.json else diagnosis.render())
-    return EXIT_FAILURE if diagnosis.failed else EXIT_OK
-
-
-def _migrate(args: argparse.Namespace) -> int:
-    from relayd.migrate import connect_and_migrate  # noqa: PLC0415
-
-    settings = _settings(args)
-
-    async def apply() -> dict[str, Any]:
-        report = await connect_and_migrate(
-            settings.dsn,
-            settings.outbox.outbox_table,
-            connect_timeout_s=settings.database.connect_timeout_s,
-            statement_timeout_s=max(settings.database.statement_timeout_s, 300.0),
-            notify_trigger=settings.outbox.notify_trigger,
-        )
-        return {
-            "table": settings.outbox.table,
-            "applied": [f"{m.version:04d}_{m.name}" for m in report.applied],
-            "already_applied": [f"{m.version:04d}_{m.name}" for m in report.already],
-            "notify_trigger": report.notify_trigger,
-            "notify_trigger_changed": report.notify_trigger_changed,
-        }
-
-    result = asyncio.run(apply())
-    if args.json:
-        print(json.dumps(result))
-        return EXIT_OK
-    if result["applied"]:
-        print(f"{result['table']}: applied {', '.join(result['applied'])}")
-    else:
-        count = len(result["already_applied"])
-        print(f"{result['table']}: up to date ({count} migration{'s' * (count != 1)} applied)")
-    if result["notify_trigger_changed"]:
-        done = "created" if result["notify_trigger"] else "dropped"
-        setting = str(result["notify_trigger"]).lower()
-        print(f"{result['table']}: NOTIFY trigger {done} (outbox.notify_trigger = {setting})")
-    return EXIT_OK
-
-
-def _add_operator_commands(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-    common: argparse.ArgumentParser,
-) -> None:
-    """`dlq`, `held`, `pause` and `resume`: operator actions on the outbox, each audited. The
-    handlers (relayd/deadletters.py, relayd/held.py, relayd/pauses.py) check their own option
-    values, so that a bad one is a single line and exit 2."""
-    from relayd import deadletters, held, pauses  # noqa: PLC0415 - kept with the commands it adds
-
-    deadletters.add_commands(commands, common)
-    held.add_commands(commands, common)
-    pauses.add_commands(commands, common)
-
-
-def _status(args: argparse.Namespace) -> int:
-    from relayd.migrate import require_current  # noqa: PLC0415
-    from relayd.status import (  # noqa: PLC0415
-        StatusReport,
-        build_report,
-        render_text,
-        report_json,
-    )
-    from relayd.store import Store  # noqa: PLC0415
-
-    settings = _settings(args)
-
-    async def read() -> StatusReport:
-        store = await Store.for_command(settings)
-        try:
-            await require_current(store)
-            return await build_report(
-                store,
-                sample_interval_s=settings.metrics.sample_interval_s,
-                lease_s=settings.relay.lease_s,
-            )
-        finally:
-            await store.close()
-
-    report = asyncio.run(read())
-    if args.json:
-        print(json.dumps(report_json(report), indent=2))
-    else:
-        print(render_text(report), end="")
-    return EXIT_OK
-
-
-def _demo(args: argparse.Namespace) -> int:
-    from relayd.demo import run_demo  # noqa: PLC0415 - needs the `embedded` extra
-
-    if args.rows < 1:
-        raise ConfigError("--rows", "must be at least 1")
-    return run_demo(args.rows, keep=args.keep)
 
 
 def _emulator(args: argparse.Namespace) -> int:
@@ -457,70 +300,3 @@ def _emulator(args: argparse.Namespace) -> int:
         raise ConfigError("emulator", str(exc)) from None
     serve(host, port, config, ssl_context=ssl_context)
     return EXIT_OK
-
-
-def _healthcheck(args: argparse.Namespace) -> int:
-    from relayd.healthcheck import probe  # noqa: PLC0415 - urllib only, no event loop
-
-    try:
-        healthy, said = probe(_settings(args), args.timeout)
-    except ConfigError as exc:  # exit 1, not 2: a container runtime reserves 2
-        healthy, said = False, f"config error: {exc}"
-    if healthy:
-        print(f"relayd: healthy: {said}")
-        return EXIT_OK
-    _fail(f"unhealthy: {said}")
-    return EXIT_FAILURE
-
-
-def _config_show(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    data = settings.redacted()
-    source = describe_config_source(args.config)
-    if args.json:
-        print(json.dumps(data, indent=2))
-        print(f"relayd: {source}", file=sys.stderr)  # stdout stays pure JSON
-        return EXIT_OK
-    # The output loads back as the same configuration, except a password given inline: read
-    # back as `***` it would be wrong, so that DSN is shown only as a comment.
-    withheld: dict[tuple[str, str], str] = {}
-    dsn = settings.database.dsn
-    if dsn is not None and data["database"]["dsn"] != dsn.get_secret_value():
-        withheld["database", "dsn"] = "its password is not printed: keep the DSN in dsn_file"
-    print(f"# {source}\n{to_toml(data, withheld)}", end="")
-    return EXIT_OK
-
-
-def _config_example(_args: argparse.Namespace) -> int:
-    print(example_config(), end="")
-    return EXIT_OK
-
-
-def to_toml(
-    data: dict[str, dict[str, Any]], withheld: dict[tuple[str, str], str] | None = None
-) -> str:
-    """Render the (flat, two-level) settings as TOML that loads back as the same values;
-    unset keys, and the `withheld` ones (with the reason), become comments."""
-    lines: list[str] = []
-    for section, values in data.items():
-        lines.append(f"[{section}]")
-        for key, value in values.items():
-            reason = (withheld or {}).get((section, key))
-            if value is None:
-                lines.append(f"# {key} = (unset)")
-            elif reason is not None:
-                lines.append(f"# {key} = {_toml_value(value)}  ({reason})")
-            else:
-                lines.append(f"{key} = {_toml_value(value)}")
-        lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    # A TOML basic string: JSON's escapes are TOML's too, but TOML refuses the surrogate
-    # pairs JSON writes outside the BMP (so no ensure_ascii), and wants DEL escaped.
-    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")

@@ -8,6 +8,7 @@ the sink token) never appear in a repr, a log or an error; `redacted()` is what
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -367,6 +368,36 @@ def example_config() -> str:
     return (Path(__file__).resolve().parent.parent / "config.example.toml").read_text(
         encoding="utf-8"
     )
+
+
+def to_toml(
+    data: dict[str, dict[str, Any]], withheld: dict[tuple[str, str], str] | None = None
+) -> str:
+    """Render the (flat, two-level) settings as TOML that loads back as the same values;
+    unset keys, and the `withheld` ones (with the reason), become comments."""
+    lines: list[str] = []
+    for section, values in data.items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            reason = (withheld or {}).get((section, key))
+            if value is None:
+                lines.append(f"# {key} = (unset)")
+            elif reason is not None:
+                lines.append(f"# {key} = {_toml_value(value)}  ({reason})")
+            else:
+                lines.append(f"{key} = {_toml_value(value)}")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    # A TOML basic string: JSON's escapes are TOML's too, but TOML refuses the surrogate
+    # pairs JSON writes outside the BMP (so no ensure_ascii), and wants DEL escaped.
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def load_settings(path: str | Path | None = None) -> Settings:

@@ -32,11 +32,11 @@ from relayd.listener import listen_for_inserts
 from relayd.logs import configure_logging, get_logger
 from relayd.metrics import RelayMetrics
 from relayd.migrate import require_current
+from relayd.operator.status import build_report, report_json
 from relayd.reconnect import DatabaseRetry
 from relayd.relay import RelayContext, RelayWorker, WorkerSettings
 from relayd.retry import Backoff, BreakerState, CircuitBreaker
 from relayd.sampler import InstanceInfo, Sampler
-from relayd.status import build_report, report_json
 from relayd.store import Store
 from relayd.storm import StormGuard
 from relayd.storm_hold import StormHold

@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from relayd.cli import to_toml
+from relayd.config import to_toml
 from relayd.migrate import connect_and_migrate
 from relayd.models import Envelope, OutboxTable
 from relayd.producer import enqueue, enqueue_many, new_job, uuid7

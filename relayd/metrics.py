@@ -22,10 +22,10 @@ from prometheus_client import (
 )
 
 from relayd import __version__
+from relayd.backlog import BACKLOG_BOUND, Backlog
 from relayd.models import DeadReason
 from relayd.retry import BreakerState
 from relayd.settlement import Settled
-from relayd.status import BACKLOG_BOUND, Backlog
 
 # Seconds; from a fast local sink to a backlog drained after an outage.
 _LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600)

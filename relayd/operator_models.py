@@ -1,7 +1,8 @@
 """Values of the operator surface (`relayd dlq`, `relayd held`, `relayd pause`, `relayd
-resume`) that cross between the commands and the store: which dead letters (or held rows) to
-act on, what a batch did to each row, the audit entry it wrote, and the pauses. Nothing here
-does I/O.
+resume`) that cross between the commands (relayd/operator/) and the store: which dead letters
+(or held rows) to act on, what a batch did to each row, the audit entry it wrote, and the
+pauses. Nothing here does I/O; how each value is printed, in JSON or for people, is the
+commands' (the store imports this module, so it sits below both).
 """
 
 from __future__ import annotations
@@ -44,19 +45,6 @@ class DeadLetterFilter:
     since: datetime | None = None
     until: datetime | None = None
     error_contains: str | None = None  # a substring of last_error, case-insensitive
-
-    def as_json(self) -> dict[str, Any]:
-        """The set fields, for the audit trail and `--json` output."""
-        data: dict[str, Any] = {}
-        for name in ("queue", "type", "dead_reason", "error_contains"):
-            value = getattr(self, name)
-            if value is not None:
-                data[name] = value
-        for name in ("since", "until"):
-            value = getattr(self, name)
-            if value is not None:
-                data[name] = value.isoformat()
-        return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,15 +164,6 @@ class Pause:
         """Whether this pause holds rows of `queue` and `job_type`."""
         return self.queue in (EVERY_QUEUE, queue) and self.type in (EVERY_TYPE, job_type)
 
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "queue": self.queue,
-            "type": self.type,
-            "reason": self.reason,
-            "paused_by": self.paused_by,
-            "paused_at": self.paused_at.isoformat(),
-        }
-
 
 @dataclass(frozen=True, slots=True)
 class HeldFilter:
@@ -193,13 +172,6 @@ class HeldFilter:
     queue: str | None = None
     type: str | None = None
     error_contains: str | None = None
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            name: value
-            for name in ("queue", "type", "error_contains")
-            if (value := getattr(self, name)) is not None
-        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,12 +19,12 @@ from datetime import UTC, datetime
 from structlog.typing import FilteringBoundLogger
 
 from relayd import __version__
+from relayd.backlog import BACKLOG_BOUND, Backlog, Heartbeat
 from relayd.errors import DatabaseUnavailable, StatementError
 from relayd.housekeeping import Housekeeping
 from relayd.logs import get_logger
 from relayd.metrics import RelayMetrics
 from relayd.retry import BreakerState
-from relayd.status import BACKLOG_BOUND, Backlog, Heartbeat, sample_backlog
 from relayd.store import Store
 
 # A clean stop removes the heartbeat, but never waits long for it: a relay that cannot
@@ -41,6 +41,11 @@ class InstanceInfo:
     pid: int = field(default_factory=os.getpid)
     version: str = __version__
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+
+async def sample_backlog(store: Store, *, lease_s: float, bound: int = BACKLOG_BOUND) -> Backlog:
+    """The sampler's one statement; `lease_s` is relay.lease_s, the longest a lease runs."""
+    return Backlog.from_sample(await store.backlog_sample(bound + 1, lease_s), bound)
 
 
 # What the heartbeat reports of the relay's activity: the breaker's state, rows in flight.

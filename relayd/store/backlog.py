@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 from relayd.store.connection import StoreBase, _translated
 
 if TYPE_CHECKING:
-    from relayd.status import Heartbeat
+    from relayd.backlog import Heartbeat
 
 
 class BacklogQueries(StoreBase):
-    """Rows come back as plain dicts; relayd/status.py gives them their meaning and types."""
+    """Rows come back as plain dicts; relayd/backlog.py and `relayd status` give them their
+    meaning and types."""
 
     async def backlog_sample(self, limit: int, lease_s: float) -> dict[str, Any]:
         """The sampler's one bounded statement: each scan reads at most `limit` rows; leases

@@ -58,15 +58,11 @@ class OperatorQueries(SchemaQueries):
         self, filters: DeadLetterFilter, *, limit: int, include_discarded: bool
     ) -> list[DeadLetterRow]:
         """Dead letters matching `filters`, newest first."""
-        f = filters
         records = await self._fetch(
             "dlq_list",
-            f.since,
-            f.until,
-            f.queue,
-            f.type,
-            f.dead_reason,
-            f.error_contains,
+            filters.since,
+            filters.until,
+            *self._matching(filters),
             include_discarded,
             limit,
         )
@@ -273,23 +269,19 @@ class OperatorQueries(SchemaQueries):
         assert record is not None  # noqa: S101 - one row, always
         return QueueUse(used=record["used"], rows_read=record["rows_read"] or 0)
 
-    @staticmethod
-    def _page_args(page: DeadLetterPage) -> tuple[Any, ...]:
+    @classmethod
+    def _page_args(cls, page: DeadLetterPage) -> tuple[Any, ...]:
         # The first page starts at --since, or before the lowest key there is: asyncpg
         # sends datetime.min as '-infinity'.
         start = page.filters.since or datetime.min.replace(tzinfo=UTC)
         after_at, after_id = page.after or (start, str(uuid.UUID(int=0)))
-        f = page.filters
-        return (
-            after_at,
-            after_id,
-            page.until,
-            f.queue,
-            f.type,
-            f.dead_reason,
-            f.error_contains,
-            page.limit,
-        )
+        return (after_at, after_id, page.until, *cls._matching(page.filters), page.limit)
+
+    @staticmethod
+    def _matching(f: DeadLetterFilter) -> tuple[object, ...]:
+        """The filters `dlq_list` and `dlq_page` test each row against, in their order there
+        (the time bounds are each statement's own: a range, or the walk's cursor and end)."""
+        return (f.queue, f.type, f.dead_reason, f.error_contains)
 
     @staticmethod
     def _dead_letter_row(record: asyncpg.Record) -> DeadLetterRow:

@@ -17,7 +17,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from relayd.check import CheckLine, Verdict, failed, run_checks
+from relayd.operator.check import CheckLine, Verdict, failed, run_checks
 from relayd.privileges import Kind, Privilege, Role, role_privileges
 from relayd.testing.emulator import RunningEmulator
 from relayd.testing.processes import free_port

@@ -20,9 +20,9 @@ import asyncpg
 
 from relayd.config import Settings
 from relayd.daemon import Daemon
-from relayd.deadletters_actions import ActionPlan, ActionSummary, Selection, act, walk_end
 from relayd.metrics import RelayMetrics
 from relayd.models import Published
+from relayd.operator.dlq_actions import ActionPlan, ActionSummary, Selection, act, walk_end
 from relayd.operator_models import AuditEntry, DeadLetterFilter, DlqAction
 from relayd.producer import enqueue_many, new_job
 from relayd.relay import Claim, RelayContext, RelayWorker

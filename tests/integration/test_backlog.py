@@ -12,10 +12,10 @@ import asyncpg
 from relayd import reconnect
 from relayd.housekeeping import Housekeeping
 from relayd.metrics import RelayMetrics
+from relayd.operator.status import build_report
 from relayd.reconnect import DatabaseRetry
 from relayd.retry import Backoff, BreakerState
-from relayd.sampler import InstanceInfo, Sampler
-from relayd.status import build_report, sample_backlog
+from relayd.sampler import InstanceInfo, Sampler, sample_backlog
 from relayd.store import Store
 from tests.support import produce, rows_in_every_state
 

@@ -12,8 +12,8 @@ import aiohttp
 import asyncpg
 import pytest
 
-from relayd.deadletters_actions import ActionPlan, Selection, act, walk_end
-from relayd.deadletters_filters import FilterArgs, parse_when
+from relayd.operator.dlq_actions import ActionPlan, Selection, act, walk_end
+from relayd.operator.dlq_filters import FilterArgs, parse_when
 from relayd.operator_models import (
     AuditEntry,
     DeadLetterFilter,

@@ -12,9 +12,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from relayd.doctor import plan_scans
 from relayd.metrics import RelayMetrics
 from relayd.models import Published
+from relayd.operator.doctor import plan_scans
 from relayd.producer import enqueue_many, new_job, uuid7
 from relayd.relay import Claim, RelayWorker
 from relayd.store import Store

@@ -15,7 +15,7 @@ import asyncpg
 import pytest
 import structlog
 
-from relayd.check import Verdict, run_checks
+from relayd.operator.check import Verdict, run_checks
 from relayd.config import load_settings
 from relayd.daemon import Daemon
 from relayd.errors import ConfigError

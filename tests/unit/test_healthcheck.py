@@ -1,4 +1,5 @@
-"""`relayd healthcheck` (relayd/healthcheck.py): where it asks; what it says to no answer."""
+"""`relayd healthcheck` (relayd/operator/healthcheck.py): where it asks; what it says to no
+answer."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 from relayd.cli import main
 from relayd.config import Settings
-from relayd.healthcheck import healthz_url
+from relayd.operator.healthcheck import healthz_url
 from tests.support import clear_relayd_env
 
 

@@ -10,14 +10,23 @@ exits 1 only for `fail` (the claim does not use its index).
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
+import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from relayd.check import Verdict
-from relayd.store import Store
-from relayd.terminal import printable
+from relayd.config import load_settings
+from relayd.errors import EXIT_FAILURE, EXIT_OK
+from relayd.operator.check import Verdict
+from relayd.operator.command import Needs, command_store
+from relayd.operator.render import age, iso, printable
+
+if TYPE_CHECKING:
+    from relayd.operator.command import Commands
+    from relayd.store import Store
 
 # A transaction older than this holding the horizon is worth a warning: an outbox publishes
 # and settles rows every second, and each leaves a dead tuple vacuum cannot remove meanwhile.
@@ -85,6 +94,32 @@ class Diagnosis:
         return "\n".join(printable(line) for line in lines)
 
 
+def doctor_command(args: argparse.Namespace) -> int:
+    """`relayd doctor [--json]`: exit 1 only for a `fail` finding."""
+    settings = load_settings(args.config)
+
+    async def examine() -> Diagnosis:
+        async with command_store(settings, needs=Needs.NOTHING) as store:
+            return await diagnose(
+                store, lease_s=settings.relay.lease_s, batch_size=settings.relay.batch_size
+            )
+
+    diagnosis = asyncio.run(examine())
+    sys.stdout.write((diagnosis.as_json() if args.json else diagnosis.render()) + "\n")
+    return EXIT_FAILURE if diagnosis.failed else EXIT_OK
+
+
+def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
+    """`relayd doctor`, beside its handler."""
+    doctor = commands.add_parser(
+        "doctor",
+        parents=[common],
+        help="the outbox's health in PostgreSQL: vacuum, the xmin horizon, the claim's plan",
+    )
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.set_defaults(handler=doctor_command)
+
+
 async def diagnose(store: Store, *, lease_s: float, batch_size: int) -> Diagnosis:
     diagnosis = Diagnosis()
     table = await store.doctor_table()
@@ -122,7 +157,8 @@ def _vacuum_finding(table: dict[str, Any]) -> Finding:
         (t for t in (table["last_vacuum"], table["last_autovacuum"]) if t is not None),
         default=None,
     )
-    when = f"last vacuumed {_ago(last)}" if last else "never vacuumed"
+    since_s = None if last is None else (datetime.now(UTC) - last).total_seconds()
+    when = "never vacuumed" if since_s is None else f"last vacuumed {age(since_s)} ago"
     detail = f"{live:,} live rows, {dead:,} dead tuples; {when}"
     if dead > DEAD_TUPLES_WARN and dead > DEAD_SHARE_WARN * max(live, 1):
         return Finding(Verdict.WARN, "vacuum", detail + " (dead tuples slow every claim)")
@@ -193,14 +229,6 @@ def _session_name(row: dict[str, Any]) -> str:
     return f"pid {row['pid']} {who} ({row.get('application_name') or '-'}, {row.get('state')})"
 
 
-def _ago(when: datetime) -> str:
-    seconds = (datetime.now(UTC) - when).total_seconds()
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit} ago"
-    return f"{seconds:.0f}s ago"
-
-
 def _size(n: int) -> str:
     value = float(n)
     for unit in ("B", "kB", "MB", "GB"):
@@ -210,7 +238,7 @@ def _size(n: int) -> str:
     return f"{value:.1f} TB"
 
 
-def _json_default(value: object) -> str:
+def _json_default(value: object) -> str | None:
     if isinstance(value, datetime):
-        return value.isoformat()
+        return iso(value)
     return str(value)

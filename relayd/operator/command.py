@@ -1,15 +1,17 @@
-"""What every operator command (`relayd dlq`, `pause`, `resume`) shares: the store, the
-actor, checked input, one-line errors."""
+"""What every operator command shares: the handler's shape and where its parser is added, the
+store opened for one command, the actor, checked input, one-line errors."""
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import getpass
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 from relayd.config import Settings
 from relayd.errors import EXIT_FAILURE, EXIT_USAGE, PrivilegeError, StatementError
@@ -21,6 +23,11 @@ if TYPE_CHECKING:
 
     from relayd.store import Store
 
+    # Where a module's `add_commands(commands, common)` adds its subcommands; `common` is
+    # the parent parser of the options every subcommand takes (`--config`).
+    Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+
+# A command's handler: its parsed arguments in, its exit code out.
 Handler = Callable[["argparse.Namespace"], int]
 
 _MAX_ACTOR_CHARS = 200
@@ -58,17 +65,35 @@ def operator_command(name: str) -> Callable[[Handler], Handler]:
 
 
 def fail(message: str) -> None:
+    """A command's one line on stderr."""
     sys.stderr.write(f"relayd: {message}\n")
 
 
-@contextlib.asynccontextmanager
-async def operator_store(settings: Settings) -> AsyncIterator[Store]:
-    """A small pool on the outbox for one command; `SchemaError` unless migration 0003 ran."""
-    from relayd.store import Store  # noqa: PLC0415 - asyncpg only for commands that use it
+class Needs(enum.Enum):
+    """What a command needs of the outbox before it starts, checked once connected (a
+    `SchemaError` otherwise: one line, exit 1)."""
 
-    store = await Store.for_command(settings)
+    NOTHING = enum.auto()  # `doctor` and `check` report what they find
+    CURRENT = enum.auto()  # `status`: every migration this relayd ships
+    OPERATOR = enum.auto()  # `dlq`, `held`, `pause`: the dead-letter, pause and audit tables
+
+
+@contextlib.asynccontextmanager
+async def command_store(
+    settings: Settings, *, needs: Needs = Needs.OPERATOR, connect_timeout_s: float | None = None
+) -> AsyncIterator[Store]:
+    """A small pool on the outbox for one command, closed when it is done; no waiting for
+    PostgreSQL, unlike `relayd run`, since an operator asked now."""
+    # asyncpg, and the migrations, only for the commands that use them.
+    from relayd.migrate import require_current  # noqa: PLC0415
+    from relayd.store import Store  # noqa: PLC0415
+
+    store = await Store.for_command(settings, connect_timeout_s=connect_timeout_s)
     try:
-        await store.check_operator_schema()
+        if needs is Needs.CURRENT:
+            await require_current(store)
+        elif needs is Needs.OPERATOR:
+            await store.check_operator_schema()
         yield store
     finally:
         await store.close()
@@ -106,6 +131,17 @@ def parse_count(value: str | None, option: str, default: int, most: int) -> int:
     if not 1 <= number <= most:
         raise BadInput(f"{option}: must be from 1 to {most}, got {number}")
     return number
+
+
+def parse_ids(values: Sequence[str]) -> list[str]:
+    """Event ids as PostgreSQL prints them (lowercase), duplicates dropped, order kept."""
+    ids: dict[str, None] = {}
+    for value in values:
+        try:
+            ids[str(uuid.UUID(value.strip()))] = None
+        except ValueError:
+            raise BadInput(f"ID: not a UUID: {quote(value)}") from None
+    return list(ids)
 
 
 def quote(value: str) -> str:

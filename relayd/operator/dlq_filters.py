@@ -1,21 +1,20 @@
-"""Which dead letters: the `--since`/`--until` time parser, the filter options, event ids."""
+"""Which dead letters: the filter options (their parser, their checks, their values on the
+database's clock, their JSON) and the `--since`/`--until` time parser. A filter is added
+here, to `DeadLetterFilter` and to the SQL that applies it (`dlq_list`, `dlq_page`)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
-import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import Any
 
 from relayd.models import DeadReason
-from relayd.operator import BadInput, check_text, quote
+from relayd.operator.command import BadInput, check_text, quote
+from relayd.operator.render import iso
 from relayd.operator_models import DeadLetterFilter
-
-if TYPE_CHECKING:
-    import argparse
 
 _MAX_FILTER_CHARS = 1000
 
@@ -67,6 +66,27 @@ def parse_when(text: str, option: str) -> When:
 # --- which dead letters -------------------------------------------------------------------
 
 
+def filter_options() -> argparse.ArgumentParser:
+    """The filter options of `dlq list`, `dlq retry` and `dlq discard`, as a parent parser
+    (`--reason` is each command's own: `dlq discard --reason` is the discard's reason)."""
+    options = argparse.ArgumentParser(add_help=False)
+    options.add_argument(
+        "--queue", help="the effective queue: options.queue, else queue, else default"
+    )
+    options.add_argument("--type", help="the job's type")
+    options.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="dead-lettered at or after WHEN: an ISO 8601 time (UTC without an offset) "
+        "or a duration before now (30m, 2h, 7d)",
+    )
+    options.add_argument("--until", metavar="WHEN", help="dead-lettered before WHEN")
+    options.add_argument(
+        "--error-contains", metavar="TEXT", help="last_error contains TEXT (any case)"
+    )
+    return options
+
+
 @dataclass(frozen=True, slots=True)
 class FilterArgs:
     """The filter options as given, checked but not yet resolved against the clock."""
@@ -86,9 +106,7 @@ class FilterArgs:
         since = None if self.since is None else self.since.resolve(now, "--since")
         until = None if self.until is None else self.until.resolve(now, "--until")
         if since is not None and until is not None and since >= until:
-            raise BadInput(
-                f"--since ({since.isoformat()}) must be before --until ({until.isoformat()})"
-            )
+            raise BadInput(f"--since ({iso(since)}) must be before --until ({iso(until)})")
         return DeadLetterFilter(
             queue=self.queue,
             type=self.type,
@@ -121,12 +139,15 @@ def _optional_text(value: str | None, option: str) -> str | None:
     return None if value is None else check_text(value, option, _MAX_FILTER_CHARS)
 
 
-def parse_ids(values: Sequence[str]) -> list[str]:
-    """Event ids as PostgreSQL prints them (lowercase), duplicates dropped, order kept."""
-    ids: dict[str, None] = {}
-    for value in values:
-        try:
-            ids[str(uuid.UUID(value.strip()))] = None
-        except ValueError:
-            raise BadInput(f"ID: not a UUID: {quote(value)}") from None
-    return list(ids)
+def filters_json(filters: DeadLetterFilter) -> dict[str, Any]:
+    """The set filters, for the audit trail and `--json` output."""
+    data: dict[str, Any] = {}
+    for name in ("queue", "type", "dead_reason", "error_contains"):
+        value = getattr(filters, name)
+        if value is not None:
+            data[name] = value
+    for name in ("since", "until"):
+        value = getattr(filters, name)
+        if value is not None:
+            data[name] = iso(value)
+    return data

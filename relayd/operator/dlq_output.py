@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from relayd import jsonvalue
-from relayd.deadletters_actions import ActionSummary
+from relayd.operator.dlq_actions import ActionSummary
+from relayd.operator.render import columns, iso, printable, stamp
 from relayd.operator_models import DeadLetterRow, DlqAction
-from relayd.terminal import columns, printable
 
 # Ids printed by name in a human summary; past that, counts only.
 _IDS_SHOWN = 20
@@ -32,14 +31,14 @@ def render_list(
     for row in rows:
         cells = [
             row.event_id,
-            _short_time(row.dead_at),
+            stamp(row.dead_at),
             _cell(row.dead_reason, _CELL_CHARS),
             _cell(row.queue, _CELL_CHARS),
             _cell(row.type, _CELL_CHARS),
             str(row.attempts),
         ]
         if include_discarded:
-            cells.append(_short_time(row.discarded_at))
+            cells.append(stamp(row.discarded_at))
         # Whole, in the last column: the cause is often at the end of the text (at most
         # 512 bytes), and cutting it would leave only the status (--json has it too).
         cells.append(_clean(row.last_error) or "-")
@@ -60,10 +59,10 @@ def render_show(row: DeadLetterRow, out: TextIO) -> None:
         ("attempts", str(row.attempts)),
         ("queue", _clean(row.queue) or "-"),
         ("type", _clean(row.type) or "-"),
-        ("created_at", iso(row.created_at)),
-        ("last_attempt_at", iso(row.last_attempt_at)),
-        ("dead_at", iso(row.dead_at)),
-        ("discarded_at", iso(row.discarded_at)),
+        ("created_at", stamp(row.created_at)),
+        ("last_attempt_at", stamp(row.last_attempt_at)),
+        ("dead_at", stamp(row.dead_at)),
+        ("discarded_at", stamp(row.discarded_at)),
     ]
     if row.discarded_at is not None:
         fields.append(("discard_reason", _clean(row.discard_reason) or "-"))
@@ -153,15 +152,15 @@ def row_json(row: DeadLetterRow, *, with_job: bool = False) -> dict[str, Any]:
     data: dict[str, Any] = {
         "event_id": row.event_id,
         "state": row.state,
-        "dead_at": _iso_or_none(row.dead_at),
+        "dead_at": iso(row.dead_at),
         "dead_reason": row.dead_reason,
         "queue": row.queue,
         "type": row.type,
         "attempts": row.attempts,
         "last_error": row.last_error,
-        "created_at": _iso_or_none(row.created_at),
-        "last_attempt_at": _iso_or_none(row.last_attempt_at),
-        "discarded_at": _iso_or_none(row.discarded_at),
+        "created_at": iso(row.created_at),
+        "last_attempt_at": iso(row.last_attempt_at),
+        "discarded_at": iso(row.discarded_at),
         "discard_reason": row.discard_reason,
     }
     if with_job:
@@ -174,28 +173,8 @@ def row_json(row: DeadLetterRow, *, with_job: bool = False) -> dict[str, Any]:
     return data
 
 
-def _iso_or_none(value: datetime | None) -> str | None:
-    return None if value is None else iso(value)
-
-
-def iso(value: datetime | None) -> str:
-    """A time as ISO 8601 in UTC; asyncpg reads PostgreSQL's infinities as naive extremes."""
-    if value is None:
-        return "-"
-    if value.tzinfo is None:
-        return "infinity" if value == datetime.max else "-infinity"
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def _short_time(value: datetime | None) -> str:
-    """A time for a table column: to the second, UTC."""
-    if value is None or value.tzinfo is None:
-        return iso(value)
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _clean(value: str | None) -> str | None:
-    """Stored text, safe on a terminal (relayd/terminal.py)."""
+    """Stored text, safe on a terminal (relayd/operator/render.py)."""
     return None if value is None else printable(value)
 
 

@@ -7,12 +7,44 @@ answers 200 within the timeout, else 1: never 2, which Docker reserves.
 
 from __future__ import annotations
 
+import argparse
+import sys
 import urllib.error
 import urllib.request
+from typing import TYPE_CHECKING
 
-from relayd.config import Settings, parse_listen
+from relayd.config import Settings, load_settings, parse_listen
+from relayd.errors import EXIT_FAILURE, EXIT_OK, ConfigError
+from relayd.operator.command import fail
+
+if TYPE_CHECKING:
+    from relayd.operator.command import Commands
 
 _WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # noqa: S104 - mapped away
+
+
+def healthcheck_command(args: argparse.Namespace) -> int:
+    """`relayd healthcheck [--timeout SECONDS]`: one line; exit 0 if healthy, else 1."""
+    try:
+        healthy, said = probe(load_settings(args.config), args.timeout)
+    except ConfigError as exc:  # exit 1, not 2: a container runtime reserves 2
+        healthy, said = False, f"config error: {exc}"
+    if healthy:
+        sys.stdout.write(f"relayd: healthy: {said}\n")
+        return EXIT_OK
+    fail(f"unhealthy: {said}")
+    return EXIT_FAILURE
+
+
+def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
+    """`relayd healthcheck`, beside its handler."""
+    healthcheck = commands.add_parser(
+        "healthcheck",
+        parents=[common],
+        help="ask the running daemon's /healthz (at http.listen): exit 0 if healthy, else 1",
+    )
+    healthcheck.add_argument("--timeout", type=float, default=3.0, metavar="SECONDS")
+    healthcheck.set_defaults(handler=healthcheck_command)
 
 
 def healthz_url(settings: Settings) -> str:

@@ -9,19 +9,34 @@ Exit code (through the CLI): 0 when every check passed or only warned, 1 when on
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import enum
+import json
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
-from relayd.config import Settings
-from relayd.errors import ConfigError, DatabaseUnavailable, SchemaError, StatementError
-from relayd.migrate import require_current
+from relayd.config import Settings, describe_config_source, load_settings
+from relayd.errors import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    ConfigError,
+    DatabaseUnavailable,
+    SchemaError,
+    StatementError,
+)
+from relayd.operator.command import Needs, command_store
+from relayd.operator.render import printable
 from relayd.privileges import COMMANDS, Role, hint, role_privileges
 from relayd.sinks import SinkHealth
-from relayd.store import Store
-from relayd.terminal import printable
+
+if TYPE_CHECKING:
+    from relayd.operator.command import Commands
+    from relayd.store import Store
 
 # Host and database clocks further apart than this are reported. Leases use the database's
 # clock only, so a skew never breaks fencing; it misleads people reading timestamps.
@@ -54,6 +69,36 @@ def failed(lines: list[CheckLine]) -> bool:
     return any(line.verdict is Verdict.FAIL for line in lines)
 
 
+def check_command(args: argparse.Namespace) -> int:
+    """`relayd check [--role relay|operator] [--json]`: one line per check."""
+    settings = load_settings(args.config)
+    source = describe_config_source(args.config)
+    lines = asyncio.run(run_checks(settings, source, Role(args.role)))
+    if args.json:
+        sys.stdout.write(json.dumps([line.as_json() for line in lines], indent=2) + "\n")
+    else:
+        sys.stdout.write("\n".join(line.render() for line in lines) + "\n")
+    return EXIT_FAILURE if failed(lines) else EXIT_OK
+
+
+def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
+    """`relayd check`, beside its handler."""
+    check = commands.add_parser(
+        "check",
+        parents=[common],
+        help="can relayd run here? configuration, database, schema, privileges, sink, clock",
+    )
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.add_argument(
+        "--role",
+        choices=(Role.RELAY.value, Role.OPERATOR.value),
+        default=Role.RELAY.value,
+        help="whose privileges to check: relayd run's (relay, the default) or the operator "
+        "commands' (operator)",
+    )
+    check.set_defaults(handler=check_command)
+
+
 async def run_checks(
     settings: Settings, config_source: str, role: Role = Role.RELAY
 ) -> list[CheckLine]:
@@ -65,19 +110,17 @@ async def run_checks(
     except ConfigError as exc:
         lines.append(CheckLine("config", Verdict.FAIL, str(exc)))
         return lines + _skipped("database", "schema", "privileges", "listen", "sink", "clock")
-    try:
-        store = await Store.for_command(
-            settings,
-            connect_timeout_s=min(settings.database.connect_timeout_s, _CONNECT_TIMEOUT_S),
-        )
-    except (ConfigError, DatabaseUnavailable) as exc:
-        lines.append(CheckLine("database", Verdict.FAIL, _database_failure(exc)))
-        lines += _skipped("schema", "privileges", "listen")
-        return [*lines, await _sink_line(settings), *_skipped("clock")]
-    try:
+    connect_timeout_s = min(settings.database.connect_timeout_s, _CONNECT_TIMEOUT_S)
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            store = await stack.enter_async_context(
+                command_store(settings, needs=Needs.NOTHING, connect_timeout_s=connect_timeout_s)
+            )
+        except (ConfigError, DatabaseUnavailable) as exc:
+            lines.append(CheckLine("database", Verdict.FAIL, _database_failure(exc)))
+            lines += _skipped("schema", "privileges", "listen")
+            return [*lines, await _sink_line(settings), *_skipped("clock")]
         lines += await _database_lines(store, settings, role)
-    finally:
-        await store.close()
     lines.insert(-1, await _sink_line(settings))  # before the clock line
     return lines
 
@@ -130,6 +173,8 @@ async def _attempt(name: str, check: Callable[[], Awaitable[str]]) -> CheckLine:
 
 
 async def _schema(store: Store) -> str:
+    from relayd.migrate import require_current  # noqa: PLC0415 - asyncpg only when checking
+
     await require_current(store)
     versions = await store.applied_versions()
     return f"{store.table} is migrated (version {max(versions):04d})"

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from relayd.operator.dlq_filters import filters_json
+from relayd.operator.render import iso
 from relayd.operator_models import (
     AUDIT_MAX_IDS,
     AuditEntry,
@@ -40,7 +42,7 @@ class Selection:
     def audit_filters(self) -> dict[str, Any]:
         if self.ids is not None:
             return {"named_ids": len(self.ids)}
-        return {"all": True} | self.filters.as_json() | {"until": self.until.isoformat()}
+        return {"all": True} | filters_json(self.filters) | {"until": iso(self.until)}
 
 
 @dataclass

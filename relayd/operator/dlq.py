@@ -19,9 +19,21 @@ import argparse
 import asyncio
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from relayd.config import load_settings
-from relayd.deadletters_actions import (
+from relayd.errors import EXIT_FAILURE, EXIT_OK
+from relayd.operator.command import (
+    BadInput,
+    check_text,
+    command_store,
+    fail,
+    operator_command,
+    parse_count,
+    parse_ids,
+    resolve_actor,
+)
+from relayd.operator.dlq_actions import (
     DEFAULT_BATCH_SIZE,
     MAX_BATCH_SIZE,
     ActionPlan,
@@ -30,26 +42,19 @@ from relayd.deadletters_actions import (
     act,
     walk_end,
 )
-from relayd.deadletters_filters import filter_args, parse_ids
-from relayd.deadletters_output import (
+from relayd.operator.dlq_filters import filter_args, filter_options
+from relayd.operator.dlq_output import (
     Progress,
-    iso,
     render_list,
     render_show,
     row_json,
     write_summary,
 )
-from relayd.errors import EXIT_FAILURE, EXIT_OK
-from relayd.operator import (
-    BadInput,
-    check_text,
-    fail,
-    operator_command,
-    operator_store,
-    parse_count,
-    resolve_actor,
-)
+from relayd.operator.render import stamp
 from relayd.operator_models import AuditEntry, DeadLetterRow, DlqAction, RowOutcome
+
+if TYPE_CHECKING:
+    from relayd.operator.command import Commands
 
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 10_000
@@ -64,7 +69,7 @@ def list_command(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
 
     async def fetch() -> list[DeadLetterRow]:
-        async with operator_store(settings) as store:
+        async with command_store(settings) as store:
             filters = wanted.resolve(await store.operator_now())
             return await store.list_dead_letters(
                 filters, limit=limit, include_discarded=args.include_discarded
@@ -86,7 +91,7 @@ def show_command(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
 
     async def fetch() -> DeadLetterRow | None:
-        async with operator_store(settings) as store:
+        async with command_store(settings) as store:
             return await store.dead_letter(event_id)
 
     row = asyncio.run(fetch())
@@ -94,7 +99,7 @@ def show_command(args: argparse.Namespace) -> int:
         fail(f"dlq show: {event_id} is not a dead letter: no such row in {settings.outbox.table}")
         return EXIT_FAILURE
     if row.published_at is not None:
-        fail(f"dlq show: {event_id} is not a dead letter: published at {iso(row.published_at)}")
+        fail(f"dlq show: {event_id} is not a dead letter: published at {stamp(row.published_at)}")
         return EXIT_FAILURE
     if row.dead_at is None:
         fail(f"dlq show: {event_id} is not a dead letter: it is pending")
@@ -145,7 +150,7 @@ def _action_command(
     progress = Progress(name, sys.stderr) if sys.stderr.isatty() else None
 
     async def run() -> ActionSummary:
-        async with operator_store(settings) as store:
+        async with command_store(settings) as store:
             now = await store.operator_now()
             filters = wanted.resolve(now)
             selection = Selection(ids or None, filters, walk_end(filters, now))
@@ -165,26 +170,9 @@ def _action_command(
     return EXIT_FAILURE if ids and failed else EXIT_OK
 
 
-def add_commands(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-    common: argparse.ArgumentParser,
-) -> None:
+def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
     """`relayd dlq list|show|retry|discard`, beside their handlers."""
-    filters = argparse.ArgumentParser(add_help=False)
-    filters.add_argument(
-        "--queue", help="the effective queue: options.queue, else queue, else default"
-    )
-    filters.add_argument("--type", help="the job's type")
-    filters.add_argument(
-        "--since",
-        metavar="WHEN",
-        help="dead-lettered at or after WHEN: an ISO 8601 time (UTC without an offset) "
-        "or a duration before now (30m, 2h, 7d)",
-    )
-    filters.add_argument("--until", metavar="WHEN", help="dead-lettered before WHEN")
-    filters.add_argument(
-        "--error-contains", metavar="TEXT", help="last_error contains TEXT (any case)"
-    )
+    filters = filter_options()
     acting = argparse.ArgumentParser(add_help=False)
     acting.add_argument("ids", nargs="*", metavar="ID", help="the dead letters, by event_id")
     acting.add_argument(

@@ -20,23 +20,24 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from relayd.config import load_settings
-from relayd.deadletters_actions import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, ActionSummary
-from relayd.deadletters_filters import parse_ids
-from relayd.deadletters_output import Progress, iso, write_summary
 from relayd.errors import EXIT_FAILURE, EXIT_OK
-from relayd.operator import (
+from relayd.operator.command import (
     BadInput,
     check_text,
+    command_store,
     operator_command,
-    operator_store,
     parse_count,
+    parse_ids,
     resolve_actor,
 )
+from relayd.operator.dlq_actions import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, ActionSummary
+from relayd.operator.dlq_output import Progress, write_summary
+from relayd.operator.pause import queue_arg, type_arg
+from relayd.operator.render import columns, iso
 from relayd.operator_models import AuditEntry, DlqAction, HeldFilter, HeldPage, HeldRow
-from relayd.pauses import queue_arg, type_arg
-from relayd.terminal import columns
 
 if TYPE_CHECKING:
+    from relayd.operator.command import Commands
     from relayd.store import Store
 
 DEFAULT_LIST_LIMIT = 50
@@ -63,7 +64,7 @@ def list_command(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
 
     async def fetch() -> list[HeldRow]:
-        async with operator_store(settings) as store:
+        async with command_store(settings) as store:
             return await store.held_rows(filters, limit=limit)
 
     rows = asyncio.run(fetch())
@@ -84,13 +85,13 @@ def discard_command(args: argparse.Namespace) -> int:
     ids = parse_ids(args.ids)
     if ids and args.all:
         raise BadInput("give IDs or --all, not both")
-    if ids and filters.as_json():
+    if ids and _filters_json(filters):
         raise BadInput("filters select rows for --all only; with IDs, name every row")
     if not ids and not args.all:
         raise BadInput("name the held rows: IDs, or --all (narrowed by filters)")
     batch_size = parse_count(args.batch_size, "--batch-size", DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE)
     selection: dict[str, Any] = (
-        {"named_ids": len(ids)} if ids else {"all": True, "held": True} | filters.as_json()
+        {"named_ids": len(ids)} if ids else {"all": True, "held": True} | _filters_json(filters)
     )
     audit = AuditEntry(
         actor=resolve_actor(args.actor),
@@ -104,7 +105,7 @@ def discard_command(args: argparse.Namespace) -> int:
     summary = ActionSummary(DlqAction.DISCARD_HELD, args.dry_run, selection)
 
     async def run() -> None:
-        async with operator_store(settings) as store:
+        async with command_store(settings) as store:
             await discard(
                 store,
                 ids or filters,
@@ -124,10 +125,7 @@ def discard_command(args: argparse.Namespace) -> int:
     return EXIT_FAILURE if ids and summary.skipped else EXIT_OK
 
 
-def add_commands(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-    common: argparse.ArgumentParser,
-) -> None:
+def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
     """`relayd held list` and `relayd held discard`, beside their handlers."""
     held_parser = commands.add_parser(
         "held",
@@ -226,6 +224,15 @@ def _render_list(rows: Sequence[HeldRow], out: TextIO, *, limit: int) -> None:
     out.write(f"{len(rows)} {noun}, in claim order{more}\n")
 
 
+def _filters_json(filters: HeldFilter) -> dict[str, Any]:
+    """The set filters, for the audit trail and `--json` output."""
+    return {
+        name: value
+        for name in ("queue", "type", "error_contains")
+        if (value := getattr(filters, name)) is not None
+    }
+
+
 def _row_json(row: HeldRow) -> dict[str, Any]:
     return {
         "event_id": row.event_id,
@@ -236,5 +243,5 @@ def _row_json(row: HeldRow) -> dict[str, Any]:
         "last_error": row.last_error,
         "created_at": iso(row.created_at),
         "available_at": iso(row.available_at),
-        "last_attempt_at": None if row.last_attempt_at is None else iso(row.last_attempt_at),
+        "last_attempt_at": iso(row.last_attempt_at),
     }

@@ -15,20 +15,23 @@ import asyncio
 import json
 import re
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from relayd.config import load_settings
 from relayd.errors import EXIT_OK
 from relayd.models import MAX_QUEUE_CHARS, MAX_TYPE_CHARS, QUEUE_PATTERN, TYPE_PATTERN
-from relayd.operator import (
+from relayd.operator.command import (
     BadInput,
     check_text,
+    command_store,
     operator_command,
-    operator_store,
     resolve_actor,
 )
+from relayd.operator.render import iso, printable, stamp
 from relayd.operator_models import EVERY_QUEUE, EVERY_TYPE, Pause, QueueUse, describe_pause
-from relayd.terminal import printable
+
+if TYPE_CHECKING:
+    from relayd.operator.command import Commands
 
 _MAX_REASON_CHARS = 1000
 # How many rows `pause --queue` reads at most looking for one that routes to the queue: no
@@ -77,7 +80,7 @@ def pause_command(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
 
     async def pause() -> tuple[bool, list[Pause], QueueUse | None]:
-        async with operator_store(settings) as store:
+        async with command_store(settings) as store:
             inserted = await store.pause(queue, job_type, reason, actor)
             # Looked at once the pause is written: a pause ahead of a deploy is legitimate,
             # so an unused queue is only worth a warning (a typo would hold nothing).
@@ -95,9 +98,9 @@ def pause_command(args: argparse.Namespace) -> int:
             "paused": True,
             "updated": not inserted,
             "warning": warning,
-            "pauses": pauses,
+            "pauses": [pause_json(p) for p in pauses],
         }
-        sys.stdout.write(_json(data) + "\n")
+        sys.stdout.write(json.dumps(data) + "\n")
         return EXIT_OK
     what = describe_pause(queue, job_type)
     if inserted:
@@ -120,7 +123,7 @@ def resume_command(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
 
     async def resume() -> tuple[Pause | None, list[Pause]]:
-        async with operator_store(settings) as store:
+        async with command_store(settings) as store:
             lifted = await store.resume(queue, job_type, actor, reason)
             return lifted, await store.pauses()
 
@@ -130,10 +133,10 @@ def resume_command(args: argparse.Namespace) -> int:
             "queue": queue,
             "type": job_type,
             "resumed": lifted is not None,
-            "lifted": lifted,
-            "pauses": pauses,
+            "lifted": None if lifted is None else pause_json(lifted),
+            "pauses": [pause_json(p) for p in pauses],
         }
-        sys.stdout.write(_json(data) + "\n")
+        sys.stdout.write(json.dumps(data) + "\n")
         return EXIT_OK
     what = describe_pause(queue, job_type)
     if lifted is None:
@@ -143,7 +146,8 @@ def resume_command(args: argparse.Namespace) -> int:
         sys.stdout.write(
             printable(
                 f"resumed {what} of {settings.outbox.table} (paused since "
-                f"{_time(lifted)} by {lifted.paused_by}: {lifted.reason}); idle relays woken"
+                f"{stamp(lifted.paused_at)} by {lifted.paused_by}: {lifted.reason}); "
+                "idle relays woken"
             )
             + "\n"
         )
@@ -179,10 +183,6 @@ def _unused_queue_warning(
     return f"{where}: paused all the same; if the name is wrong, `{resume}`"
 
 
-def _time(pause: Pause) -> str:
-    return pause.paused_at.isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def _render_pauses(pauses: list[Pause], out: TextIO) -> None:
     if not pauses:
         out.write("nothing is paused now\n")
@@ -191,25 +191,25 @@ def _render_pauses(pauses: list[Pause], out: TextIO) -> None:
     for pause in pauses:
         out.write(
             printable(
-                f"  {pause.describe()}: {pause.reason} (by {pause.paused_by} since {_time(pause)})"
+                f"  {pause.describe()}: {pause.reason} "
+                f"(by {pause.paused_by} since {stamp(pause.paused_at)})"
             )
             + "\n"
         )
 
 
-def _json(data: dict[str, Any]) -> str:
-    def default(value: object) -> Any:
-        if isinstance(value, Pause):
-            return value.as_json()
-        raise TypeError(type(value).__name__)
+def pause_json(pause: Pause) -> dict[str, Any]:
+    """A pause in `--json` output (`relayd pause`, `resume` and `status` alike)."""
+    return {
+        "queue": pause.queue,
+        "type": pause.type,
+        "reason": pause.reason,
+        "paused_by": pause.paused_by,
+        "paused_at": iso(pause.paused_at),
+    }
 
-    return json.dumps(data, default=default)
 
-
-def add_commands(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-    common: argparse.ArgumentParser,
-) -> None:
+def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
     """`relayd pause` and `relayd resume`, beside their handlers."""
     pause = commands.add_parser(
         "pause",
