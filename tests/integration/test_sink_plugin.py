@@ -15,12 +15,12 @@ import asyncpg
 import pytest
 import structlog
 
-from relayd.operator.check import Verdict, run_checks
 from relayd.config import load_settings
 from relayd.daemon import Daemon
 from relayd.errors import ConfigError
 from relayd.metrics import RelayMetrics
 from relayd.models import ClaimedRow, Envelope, NotFound, Outcome, Published, SinkDown
+from relayd.operator.check import Verdict, run_checks
 from relayd.sinks import Capabilities, ExchangeObserver, Sink, SinkHealth, SinkSettings, registry
 from tests.support import Database, drained, produce
 
