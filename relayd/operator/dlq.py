@@ -36,8 +36,8 @@ from relayd.operator.command import (
 from relayd.operator.dlq_actions import (
     DEFAULT_BATCH_SIZE,
     MAX_BATCH_SIZE,
-    ActionPlan,
     ActionSummary,
+    DlqRequest,
     Selection,
     act,
     walk_end,
@@ -154,8 +154,8 @@ def _action_command(
             now = await store.operator_now()
             filters = wanted.resolve(now)
             selection = Selection(ids or None, filters, walk_end(filters, now))
-            plan = ActionPlan(action, selection, audit, batch_size, dry_run=args.dry_run)
-            return await act(store, plan, progress)
+            request = DlqRequest(action, selection, audit, batch_size, dry_run=args.dry_run)
+            return await act(store, request, progress)
 
     try:
         summary = asyncio.run(run())

@@ -1,4 +1,4 @@
-"""A dead-letter action in bounded batches: what it selects, the plan, the walk, the summary."""
+"""A dead-letter action in bounded batches: what it selects, the request, the walk, the summary."""
 
 from __future__ import annotations
 
@@ -97,8 +97,8 @@ class ActionSummary:
 
 
 @dataclass(frozen=True, slots=True)
-class ActionPlan:
-    """A dead-letter action to carry out: what, on which rows, audited as whom."""
+class DlqRequest:
+    """An operator's request to act on dead letters: what, on which rows, audited as whom."""
 
     action: DlqAction
     selection: Selection
@@ -108,21 +108,21 @@ class ActionPlan:
 
 
 async def act(
-    store: Store, plan: ActionPlan, on_batch: Callable[[ActionSummary], None] | None = None
+    store: Store, request: DlqRequest, on_batch: Callable[[ActionSummary], None] | None = None
 ) -> ActionSummary:
-    """Redrive or discard the selected dead letters, `plan.batch_size` rows per transaction.
+    """Redrive or discard the selected dead letters, `request.batch_size` rows per transaction.
 
     Each batch commits on its own (a dry run rolls each back) with its share of the audit
     row, so an interrupted action leaves every batch it finished done and audited. A row
     that cannot be acted on is skipped and reported, never failing its batch.
     """
-    selection, size = plan.selection, plan.batch_size
-    summary = ActionSummary(plan.action, plan.dry_run, selection.audit_filters())
-    audit = dataclasses.replace(plan.audit, filters=summary.selection)
+    selection, size = request.selection, request.batch_size
+    summary = ActionSummary(request.action, request.dry_run, selection.audit_filters())
+    audit = dataclasses.replace(request.audit, filters=summary.selection)
 
     async def one_batch(target: DeadLetterPage | list[str]) -> DeadLetterBatch:
         batch = await store.act_on_dead_letters(
-            plan.action, target, audit=audit, audit_id=summary.audit_id, dry_run=plan.dry_run
+            request.action, target, audit=audit, audit_id=summary.audit_id, dry_run=request.dry_run
         )
         summary.add(batch.results, batch.audit_id, examined=batch.examined)
         if on_batch is not None:

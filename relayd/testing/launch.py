@@ -10,8 +10,9 @@ anything. A malformed value exits 2 in one line naming the variable.
 from __future__ import annotations
 
 import os
+import runpy
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from relayd.errors import EXIT_USAGE
 from relayd.testing import failpoints, mutants
@@ -34,16 +35,16 @@ def install(environ: Mapping[str, str], patches: Patches) -> None:
     failpoints.install(patches)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from relayd.cli import main as relayd_main  # noqa: PLC0415 - after the patches' imports
-
+def main() -> int:
+    """Install, then run `python -m relayd` with this process's arguments (it exits)."""
     try:
         install(os.environ, Patches())
     except (failpoints.FailpointSpecError, mutants.MutantSpecError) as exc:
         env = failpoints.ENV if isinstance(exc, failpoints.FailpointSpecError) else mutants.ENV
         sys.stderr.write(f"relayd: config error: {env}: {exc}\n")
         return EXIT_USAGE
-    return relayd_main(argv)
+    runpy.run_module("relayd", run_name="__main__", alter_sys=True)
+    raise AssertionError("python -m relayd returned without exiting")
 
 
 if __name__ == "__main__":

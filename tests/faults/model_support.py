@@ -22,7 +22,7 @@ from relayd.config import Settings
 from relayd.daemon import Daemon
 from relayd.metrics import RelayMetrics
 from relayd.models import Published
-from relayd.operator.dlq_actions import ActionPlan, ActionSummary, Selection, act, walk_end
+from relayd.operator.dlq_actions import ActionSummary, DlqRequest, Selection, act, walk_end
 from relayd.operator_models import AuditEntry, DeadLetterFilter, DlqAction
 from relayd.producer import enqueue_many, new_job
 from relayd.relay import Claim, RelayContext, RelayWorker
@@ -333,4 +333,4 @@ async def redrive(store: Store, ids: list[str] | None) -> ActionSummary:
     filters = DeadLetterFilter()
     selection = Selection(ids, filters, walk_end(filters, await store.operator_now()))
     audit = AuditEntry(actor="model", action=DlqAction.REDRIVE.value, keep_all_ids=ids is not None)
-    return await act(store, ActionPlan(DlqAction.REDRIVE, selection, audit))
+    return await act(store, DlqRequest(DlqAction.REDRIVE, selection, audit))

@@ -12,7 +12,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from relayd.operator.dlq_actions import ActionPlan, Selection, act, walk_end
+from relayd.operator.dlq_actions import DlqRequest, Selection, act, walk_end
 from relayd.operator.dlq_filters import FilterArgs, parse_when
 from relayd.operator_models import (
     AuditEntry,
@@ -91,8 +91,8 @@ async def _redrive_all(
     now = await store.operator_now()
     wanted = filters or DeadLetterFilter()
     selection = Selection(None, wanted, walk_end(wanted, now))
-    plan = ActionPlan(DlqAction.REDRIVE, selection, ACTOR, batch_size, dry_run=dry_run)
-    return await act(store, plan)
+    request = DlqRequest(DlqAction.REDRIVE, selection, ACTOR, batch_size, dry_run=dry_run)
+    return await act(store, request)
 
 
 async def test_list_narrows_by_each_filter(conn: asyncpg.Connection, store: Store) -> None:
