@@ -28,6 +28,7 @@ from relayd.daemon import Daemon
 from relayd.metrics import RelayMetrics
 from relayd.models import ClaimedRow, OutboxTable
 from relayd.producer import enqueue_many, new_job, uuid7
+from relayd.sinks.ojs_settings import OjsSettings
 from relayd.testing.emulator import RunningEmulator
 
 # --- the test database ------------------------------------------------------------------
@@ -92,6 +93,12 @@ FAST: dict[str, dict[str, Any]] = {
     "cleanup": {"enabled": False},
     "log": {"level": "warning", "format": "json"},
 }
+
+
+def ojs_settings(settings: Settings) -> OjsSettings:
+    """`settings.sink`, which a test expects to be of the OJS kind."""
+    assert isinstance(settings.sink, OjsSettings), settings.sink.kind
+    return settings.sink
 
 
 def relay_settings(dsn: str, sink_url: str, **sections: dict[str, Any]) -> Settings:

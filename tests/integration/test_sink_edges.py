@@ -25,6 +25,7 @@ from tests.support import (
     claimed,
     drained,
     eventually,
+    ojs_settings,
     pending,
     produce,
     relay_settings,
@@ -202,7 +203,7 @@ async def test_a_batch_stored_in_part_is_reconciled_before_anything_is_resent(
 async def test_no_post_leaves_after_the_start_by_time(emulator: RunningEmulator) -> None:
     """C4: a POST (single or batch) whose attempt's start-by time has passed is not sent; the
     rows come back NotStarted. A GET, which changes nothing on the sink, still is."""
-    settings = relay_settings("postgresql://unused@127.0.0.1/x", emulator.url).sink
+    settings = ojs_settings(relay_settings("postgresql://unused@127.0.0.1/x", emulator.url))
     sink = OjsSink(settings, SinkHealthRecord())
     await sink.start()
     try:

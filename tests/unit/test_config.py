@@ -14,7 +14,7 @@ from relayd.dsn import redact_dsn
 from relayd.errors import ConfigError
 from relayd.models import OutboxTable
 from relayd.store import _server_settings
-from tests.support import clear_relayd_env
+from tests.support import clear_relayd_env, ojs_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config.example.toml"
@@ -241,8 +241,9 @@ def test_secrets_come_from_files_and_never_show(tmp_path: Path) -> None:
         )
     )
     assert settings.dsn == "postgresql://relayd:hunter2@db/app"
-    assert settings.sink.token is not None
-    assert settings.sink.token.get_secret_value() == "tok-3xyz"
+    token = ojs_settings(settings).token
+    assert token is not None
+    assert token.get_secret_value() == "tok-3xyz"
     shown = repr(settings) + str(settings.redacted())
     assert "hunter2" not in shown
     assert "tok-3xyz" not in shown
@@ -261,8 +262,9 @@ def test_settings_built_directly_read_their_secret_files(tmp_path: Path) -> None
     )
     assert settings.dsn == "postgresql://relayd:hunter2@db/app"
     assert settings.database.resolved_dsn is not None
-    assert settings.sink.token is not None
-    assert settings.sink.token.get_secret_value() == "tok-3xyz"
+    token = ojs_settings(settings).token
+    assert token is not None
+    assert token.get_secret_value() == "tok-3xyz"
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pytest
 
 from relayd.config import load_settings
 from relayd.errors import ConfigError
-from tests.support import clear_relayd_env
+from tests.support import clear_relayd_env, ojs_settings
 
 DSN = "postgresql://relayd:s3cret@db.internal:5432/app"
 
@@ -42,8 +42,9 @@ def test_both_credentials_are_read_when_nothing_is_set(tmp_path: Path, credentia
     settings = load_settings(_config(tmp_path))
     assert settings.dsn == DSN
     assert settings.database.dsn_file == credentials / "database-dsn"
-    assert settings.sink.token is not None
-    assert settings.sink.token.get_secret_value() == "t0ken"
+    token = ojs_settings(settings).token
+    assert token is not None
+    assert token.get_secret_value() == "t0ken"
     # Shown as its source, the credential's path, never the DSN (config show loads back).
     database = settings.redacted()["database"]
     assert (database["dsn"], database["dsn_file"]) == (None, str(credentials / "database-dsn"))
@@ -55,8 +56,8 @@ def test_a_missing_optional_credential_leaves_the_setting_unset(
     """No ojs-token credential: no token, and no error (the OJS server may need none)."""
     (credentials / "database-dsn").write_text(DSN)
     settings = load_settings(_config(tmp_path))
-    assert settings.sink.token_file is None
-    assert settings.sink.token is None
+    assert ojs_settings(settings).token_file is None
+    assert ojs_settings(settings).token is None
 
 
 def test_a_missing_dsn_credential_is_the_usual_config_error(
@@ -94,7 +95,7 @@ def test_environment_token_file_wins_over_the_credential(
     mine = tmp_path / "token"
     mine.write_text("from-env")
     monkeypatch.setenv("RELAYD_SINK__TOKEN_FILE", str(mine))
-    token = load_settings(_config(tmp_path)).sink.token
+    token = ojs_settings(load_settings(_config(tmp_path))).token
     assert token is not None
     assert token.get_secret_value() == "from-env"
 
@@ -110,4 +111,4 @@ def test_without_credentials_directory_nothing_changes(tmp_path: Path) -> None:
     """Outside systemd the secrets stay unset."""
     settings = load_settings(_config(tmp_path))
     assert settings.database.dsn_file is None
-    assert settings.sink.token_file is None
+    assert ojs_settings(settings).token_file is None

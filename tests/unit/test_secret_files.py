@@ -15,7 +15,7 @@ from relayd.cli import main
 from relayd.config import load_settings
 from relayd.errors import ConfigError
 from relayd.token_file import SECRET_MAX_BYTES, bearer_problem, read_secret_file
-from tests.support import clear_relayd_env, relayd_argv
+from tests.support import clear_relayd_env, ojs_settings, relayd_argv
 from tests.tools import tool
 
 # A FIFO read the old way blocks until a writer appears: on the code before the fix these
@@ -106,8 +106,9 @@ def test_surrounding_whitespace_is_not_part_of_the_token(tmp_path: Path) -> None
     secret = tmp_path / "token"
     secret.write_text(f"  tok-{SECRET_TAIL}\r\n\n")
     settings = load_settings(_config(tmp_path, "sink.token_file", secret))
-    assert settings.sink.token is not None
-    assert settings.sink.token.get_secret_value() == f"tok-{SECRET_TAIL}"
+    token = ojs_settings(settings).token
+    assert token is not None
+    assert token.get_secret_value() == f"tok-{SECRET_TAIL}"
 
 
 def _fifo(tmp_path: Path) -> Path:

@@ -25,8 +25,10 @@ def test_every_kind_names_a_sink_class_that_exists(kind: str) -> None:
 
 def test_the_default_kind_is_ojs_with_or_without_a_sink_section() -> None:
     assert isinstance(Settings().sink, OjsSettings)
-    assert isinstance(Settings(sink={"url": "http://a:1"}).sink, OjsSettings)  # type: ignore[arg-type]
-    assert Settings(sink={"kind": "ojs", "batch": False}).sink.batch == "off"  # type: ignore[arg-type,attr-defined]
+    assert isinstance(Settings(sink={"url": "http://a:1"}).sink, OjsSettings)
+    sink = Settings(sink={"kind": "ojs", "batch": False}).sink
+    assert isinstance(sink, OjsSettings)
+    assert sink.batch == "off"
 
 
 def test_loading_the_configuration_imports_no_transport() -> None:
