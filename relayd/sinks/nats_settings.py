@@ -5,6 +5,7 @@ read at load and never shown.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +34,16 @@ _CREDS_SECTIONS = ("-----BEGIN NATS USER JWT-----", "-----BEGIN USER NKEY SEED--
 # Each way to authenticate, as the keys that configure it.
 _METHODS = (("user", "password_file"), ("token_file",), ("nkey_seed_file",), ("creds_file",))
 _ALL_FILES = ("password_file", "token_file", "nkey_seed_file", "creds_file")
+
+
+def _json_array(text: str) -> list[object]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ValueError("expected a JSON array") from None
+    if not isinstance(value, list):
+        raise ValueError("expected a JSON array")
+    return value
 
 
 class NatsRoute(Section):
@@ -90,6 +101,22 @@ class NatsSettings(SinkSettings):
 
     _password: SecretStr | None = PrivateAttr(default=None)
     _token: SecretStr | None = PrivateAttr(default=None)
+
+    @field_validator("servers", mode="before")
+    @classmethod
+    def _servers_from_text(cls, value: object) -> object:
+        # The environment gives text: a JSON array, or URLs separated by commas.
+        if isinstance(value, str):
+            if value.lstrip().startswith("["):
+                return _json_array(value)
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("routes", mode="before")
+    @classmethod
+    def _routes_from_text(cls, value: object) -> object:
+        # The environment gives text: a JSON array of {"type", "subject", "version"}.
+        return _json_array(value) if isinstance(value, str) else value
 
     @field_validator("servers")
     @classmethod
