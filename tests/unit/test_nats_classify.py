@@ -144,11 +144,14 @@ def test_an_error_without_an_err_code_is_named_by_its_code() -> None:
     )
 
 
-def _stored(body: bytes = BODY, msg_id: str | None = ID, **extra: str) -> bytes:
+def _stored(
+    body: bytes = BODY, msg_id: str | None = ID, extra: dict[str, str] | None = None
+) -> bytes:
     lines = "NATS/1.0\r\n"
     if msg_id is not None:
         lines += f"Nats-Msg-Id: {msg_id}\r\n"
-    lines += "".join(f"{name}: {value}\r\n" for name, value in extra.items()) + "\r\n"
+    lines += "".join(f"{name}: {value}\r\n" for name, value in (extra or {}).items())
+    lines += "\r\n"
     message = {
         "subject": SUBJECT,
         "seq": 7,
@@ -163,7 +166,7 @@ def _stored(body: bytes = BODY, msg_id: str | None = ID, **extra: str) -> bytes:
     ("reply", "expected"),
     [
         (_stored(), Published("stored", reconciled=True)),
-        (_stored(**{"ce-type": "order.updated"}), Published("stored", reconciled=True)),
+        (_stored(extra={"ce-type": "order.updated"}), Published("stored", reconciled=True)),
         (
             _stored(body=b'{"order_id":43}'),
             DeadLetter(
@@ -218,7 +221,7 @@ def test_a_duplicate_is_published_only_if_the_stream_holds_our_message(
 
 
 def test_header_names_match_whatever_their_case() -> None:
-    reply = _stored(msg_id=None, **{"nats-msg-id": ID})
+    reply = _stored(msg_id=None, extra={"nats-msg-id": ID})
     assert classify_stored(reply, seq=7, body=BODY, event_id=ID) == Published(
         "stored", reconciled=True
     )
