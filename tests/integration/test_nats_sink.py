@@ -308,3 +308,35 @@ async def test_check_reports_the_stream_the_routes_and_the_window(
     }
     assert lines["sink"].verdict is Verdict.FAIL
     assert "stream EVENTS does not take mail.sent (its subjects: events.>" in lines["sink"].detail
+
+
+async def test_a_server_restart_mid_run_loses_nothing_and_stores_nothing_twice(
+    database: Database, conn: asyncpg.Connection, nats_server: NatsServer
+) -> None:
+    """C1, C5: rows committed while the server is down fail before anything is sent
+    (nothing buffered for later: no reconnect buffer), are refunded, and are stored once
+    each after the client reconnects to the restarted server."""
+    client = await nats.connect(nats_server.url)
+    await add_stream(client)
+    await client.close()
+    first = await commit(conn, [event(n) for n in range(20)])
+    async with running(nats_settings(database.dsn, nats_server.url)) as daemon:
+        await eventually(lambda: drained(conn))
+        nats_server.stop()
+        second = await commit(conn, [event(n) for n in range(20, 40)])
+
+        async def opened() -> bool:
+            value = daemon.metrics.registry.get_sample_value("relayd_breaker_opened_total")
+            return (value or 0) >= 1
+
+        await eventually(opened)
+        assert await dead(conn) == {}
+        nats_server.start()
+        await eventually(lambda: drained(conn))
+    client = await nats.connect(nats_server.url)
+    try:
+        ids = [m["headers"]["Nats-Msg-Id"] for m in await stored(client)]
+    finally:
+        await client.close()
+    assert sorted(ids) == sorted(first + second)
+    assert await conn.fetchval("SELECT max(attempts) FROM relayd.outbox") <= 2
