@@ -260,3 +260,22 @@ class _NoHealth:
 
     def sink_failed(self, *, severe: bool) -> None:
         raise AssertionError
+
+
+def test_config_show_prints_servers_and_routes_that_load_back(tmp_path: Path) -> None:
+    """`relayd config show` writes the server list and the routes as TOML arrays (routes as
+    inline tables), and its output loads back as the same settings."""
+    path = tmp_path / "relayd.toml"
+    path.write_text(BASE + ROUTE + "[[sink.routes]]\ntype = 'a.b'\nsubject = 'x'\nversion = 2\n")
+    shown = subprocess.run(
+        [sys.executable, "-m", "relayd", "--config", str(path), "config", "show"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    ).stdout
+    assert 'servers = ["nats://127.0.0.1:4222"]\n' in shown
+    assert '{type = "a.b", subject = "x", version = 2}]\n' in shown
+    frozen = tmp_path / "frozen.toml"
+    frozen.write_text(shown)
+    assert load_settings(frozen) == load_settings(path)
