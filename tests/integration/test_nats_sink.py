@@ -340,3 +340,57 @@ async def test_a_server_restart_mid_run_loses_nothing_and_stores_nothing_twice(
         await client.close()
     assert sorted(ids) == sorted(first + second)
     assert await conn.fetchval("SELECT max(attempts) FROM relayd.outbox") <= 2
+
+
+# The permissions docs/operations.md#nats gives the relay's NATS user: publish on the routes'
+# subjects and the three JetStream API subjects, subscribe on its reply inboxes.
+RELAY_PERMISSIONS = """
+accounts {
+  APP {
+    jetstream: enabled
+    users: [
+      {user: admin, password: admin-pw}
+      {
+        user: relayd, password: relay-pw,
+        permissions: {
+          publish: {allow: ["events.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.EVENTS",
+                            "$JS.API.STREAM.MSG.GET.EVENTS"]}
+          subscribe: {allow: ["_INBOX.>"]}
+        }
+      }
+    ]
+  }
+}
+"""
+
+
+async def test_the_documented_permissions_are_enough(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """docs/operations.md#nats: a NATS user with only the documented permissions passes
+    `relayd check`, publishes, and reads a duplicate back."""
+    password = tmp_path / "password"
+    password.write_text("relay-pw\n")
+    with NatsServer(config=RELAY_PERMISSIONS) as server:
+        admin = await nats.connect(server.url, user="admin", password="admin-pw")
+        try:
+            await add_stream(admin)
+            ids = await commit(conn, [event(n) for n in range(10)])
+            await admin.jetstream().publish(
+                "events.orders", b'{"order_id":3}', headers={"Nats-Msg-Id": ids[3]}
+            )
+            settings = nats_settings(
+                database.dsn, server.url, user="relayd", password_file=str(password)
+            )
+            lines = {line.name: line for line in await run_checks(settings, "test")}
+            assert lines["sink"].verdict is Verdict.OK, lines["sink"].detail
+            daemon = await run_until_idle(settings)
+            assert await drained(conn)
+            assert await dead(conn) == {}
+            assert len(await stored(admin)) == 10
+        finally:
+            await admin.close()
+    reconciled = daemon.metrics.registry.get_sample_value(
+        "relayd_outcomes_total", {"outcome": "reconciled"}
+    )
+    assert reconciled == 1
