@@ -372,7 +372,7 @@ async def test_the_documented_permissions_are_enough(
     password = tmp_path / "password"
     password.write_text("relay-pw\n")
     with NatsServer(config=RELAY_PERMISSIONS) as server:
-        admin = await nats.connect(server.url, user="admin", password="admin-pw")
+        admin = await nats.connect(server.url, user="admin", password="admin-pw")  # noqa: S106 - the test server's own
         try:
             await add_stream(admin)
             ids = await commit(conn, [event(n) for n in range(10)])
