@@ -120,10 +120,18 @@ class NatsSink:
     async def publish(
         self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope], *, send_by: float
     ) -> dict[str, Outcome]:
-        outcomes = await asyncio.gather(
-            *(self._publish_row(row, envelopes[row.event_id], send_by) for row in rows)
+        # One row per request (no batches), but a list is what the interface passes: each
+        # row runs to its end before a failure of relayd's own is raised.
+        results = await asyncio.gather(
+            *(self._publish_row(row, envelopes[row.event_id], send_by) for row in rows),
+            return_exceptions=True,
         )
-        return {row.event_id: outcome for row, outcome in zip(rows, outcomes, strict=True)}
+        outcomes: dict[str, Outcome] = {}
+        for row, result in zip(rows, results, strict=True):
+            if isinstance(result, BaseException):
+                raise result
+            outcomes[row.event_id] = result
+        return outcomes
 
     async def reconcile(self, row: ClaimedRow, envelope: Envelope) -> Outcome | NotFound:
         """A stream cannot be asked by message id (capabilities: no reconcile_by_id)."""

@@ -394,3 +394,40 @@ async def test_the_documented_permissions_are_enough(
         "relayd_outcomes_total", {"outcome": "reconciled"}
     )
     assert reconciled == 1
+
+
+async def test_the_servers_max_payload_bounds_the_setting_and_each_message(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """The server's max_payload counts the headers too: a message whose body fits
+    sink.max_payload_bytes but not, with its headers, the server's bound is dead-lettered
+    `too_large` unsent (a server closes the connection on such a message); a setting above
+    the server's bound fails `relayd check`."""
+    with NatsServer(config="max_payload: 2048\n") as server:
+        client = await nats.connect(server.url)
+        try:
+            await add_stream(client)
+            small = event(1)
+            big = new_job(
+                "order.updated",
+                [{"blob": "x" * 1800}],
+                meta={META_VERSION: 1, META_OCCURRED_AT: WHEN},
+            )
+            ids = await commit(conn, [small, big])
+            settings = nats_settings(database.dsn, server.url, max_payload_bytes=2000)
+            await run_until_idle(settings)
+            assert await drained(conn)
+            [(reason, error)] = (await dead(conn)).values()
+            assert (reason, ids[1] in await dead(conn)) == ("too_large", True)
+            assert error.endswith(
+                "with its headers, over the server's max_payload (2048); not sent"
+            )
+            assert [m["headers"]["Nats-Msg-Id"] for m in await stored(client)] == [ids[0]]
+        finally:
+            await client.close()
+        over = nats_settings(database.dsn, server.url, max_payload_bytes=4096)
+        lines = {line.name: line for line in await run_checks(over, "test")}
+    assert lines["sink"].verdict is Verdict.FAIL
+    assert "sink.max_payload_bytes (4096) is above the server's max_payload (2048)" in (
+        lines["sink"].detail
+    )
