@@ -90,6 +90,9 @@ class NatsSink:
         # that attempt share its verdict instead of each trying again in turn.
         self._failure: tuple[float, SinkDown] | None = None
         self._last_error: BaseException | None = None
+        # A refusal an operator must fix (credentials, a certificate), once seen while
+        # connecting: a later reset of the same attempt must not hide it.
+        self._severe_error: BaseException | None = None
         self._last_logged = ""
         self._closing = False
 
@@ -271,7 +274,7 @@ class NatsSink:
 
     async def _connect(self) -> Client | SinkDown:
         client = Client()
-        self._last_error = None
+        self._last_error = self._severe_error = None
         try:
             async with asyncio.timeout(self._settings.connect_timeout_s):
                 await client.connect(**self._connect_options(client))
@@ -280,7 +283,7 @@ class NatsSink:
             # error_cb: the last of those says why better than the timeout does.
             await _quietly_close(client)
             self._note("connect", "error")
-            return classify_connect_failure(self._last_error or _cause(exc))
+            return classify_connect_failure(self._severe_error or self._last_error or _cause(exc))
         self._note("connect", "ok")
         self._log.info(
             "sink.nats_connected",
@@ -342,6 +345,8 @@ class NatsSink:
 
     async def _on_error(self, exc: Exception) -> None:
         self._last_error = exc
+        if classify_connect_failure(exc).severe:
+            self._severe_error = exc
         named = _named(exc)
         if named != self._last_logged:  # a server down for an hour is one line, not 3,600
             self._last_logged = named
