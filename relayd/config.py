@@ -395,6 +395,11 @@ def _toml_value(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
+    if isinstance(value, list | tuple):  # sink.servers; sink.routes as inline tables
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        pairs = (f"{key} = {_toml_value(item)}" for key, item in value.items() if item is not None)
+        return "{" + ", ".join(pairs) + "}"
     # A TOML basic string: JSON's escapes are TOML's too, but TOML refuses the surrogate
     # pairs JSON writes outside the BMP (so no ensure_ascii), and wants DEL escaped.
     return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")

@@ -88,6 +88,7 @@ class DeadReason(enum.StrEnum):
     SINK_TOO_LARGE = "sink_too_large"  # 413
     SINK_UNPROCESSABLE = "sink_unprocessable"  # 422 validation_error / unsupported
     CONFLICT = "conflict"  # the id holds a different job on the sink (C2)
+    NO_ROUTE = "no_route"  # the sink has no destination for the event's type (NATS routes)
     MAX_ATTEMPTS = "max_attempts"
     # Set by an operator, never by the relay: a row held by a pause, discarded from there
     # (`relayd held discard`). Such a row is marked discarded at once.

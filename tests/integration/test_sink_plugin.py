@@ -180,5 +180,6 @@ def test_keys_are_those_of_the_configured_kind(
     with pytest.raises(ConfigError) as unknown:
         load_settings(path)
     assert (
-        str(unknown.value) == "sink.kind: unknown sink kind 'kafka' (relayd knows 'memory', 'ojs')"
+        str(unknown.value)
+        == "sink.kind: unknown sink kind 'kafka' (relayd knows 'memory', 'nats', 'ojs')"
     )
