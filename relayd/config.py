@@ -38,7 +38,6 @@ from relayd.errors import ConfigError
 from relayd.models import OutboxTable
 from relayd.sections import MAX_DURATION_S, KeyedError, Section, read_secret
 from relayd.sinks import SinkSettings, registry
-from relayd.sinks.ojs_settings import OjsSettings
 
 DEFAULT_CONFIG_PATH = Path("/etc/relayd/config.toml")
 ENV_PREFIX = "RELAYD_"
@@ -221,7 +220,7 @@ class Settings(BaseSettings):
     database: DatabaseSettings = DatabaseSettings()
     outbox: OutboxSettings = OutboxSettings()
     # One model per sink kind (relayd/sinks/registry.py), chosen by `kind`.
-    sink: SerializeAsAny[SinkSettings] = OjsSettings()
+    sink: SerializeAsAny[SinkSettings] = Field(default_factory=registry.default_settings)
     relay: RelaySettings = RelaySettings()
     retry: RetrySettings = RetrySettings()
     http: HttpSettings = HttpSettings()

@@ -26,6 +26,11 @@ def kinds() -> Mapping[str, type[SinkSettings]]:
     return _KINDS
 
 
+def default_settings() -> SinkSettings:
+    """`[sink]` when the configuration has none: the default kind with its defaults."""
+    return _KINDS[DEFAULT_KIND].model_validate({})
+
+
 def settings_model(kind: object) -> type[SinkSettings]:
     """The settings model of `kind`; a `KeyedError` naming `sink.kind` and the known kinds
     if there is none."""
