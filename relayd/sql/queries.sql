@@ -528,12 +528,20 @@ SELECT to_regclass(format('%I.relayd_pauses', $1::text)) IS NOT NULL
 -- params: none
 SELECT now();
 
+-- fragment: dead_letter_filters
+-- The filters of `dlq list` and of the bulk actions (dlq_list, dlq_page), in one place: each
+-- null parameter lets every row through. The statements using it take the filters as $1-$4
+-- (`DeadLetterFilter.matching()`) and read the outbox as `o`. A new filter is a line here,
+-- a field and its option in relayd/operator_models.py and relayd/operator/dlq_filters.py.
+    ($1::text IS NULL OR @schema@.relayd_effective_queue(o.job) = $1)
+AND ($2::text IS NULL OR o.job ->> 'type' = $2)
+AND ($3::text IS NULL OR o.dead_reason = $3)
+AND ($4::text IS NULL OR strpos(lower(o.last_error), lower($4)) > 0)
+
 -- name: dlq_list
 -- Dead letters matching the filters, newest first. Without include_discarded the planner
 -- (which sees the parameters: the command runs this once) can read the dead-letter index.
--- The filters are the same text as in dlq_page.
--- params: $1 since timestamptz|null, $2 until timestamptz|null, $3 queue text|null,
---         $4 type text|null, $5 dead_reason text|null, $6 error_contains text|null,
+-- params: $1-$4 the dead_letter_filters, $5 since timestamptz|null, $6 until timestamptz|null,
 --         $7 include_discarded bool, $8 limit int
 SELECT event_id::text AS event_id, created_at, published_at, dead_at, dead_reason,
        @schema@.relayd_effective_queue(job) AS queue, job ->> 'type' AS type, attempts,
@@ -541,12 +549,9 @@ SELECT event_id::text AS event_id, created_at, published_at, dead_at, dead_reaso
 FROM @outbox@ AS o
 WHERE dead_at IS NOT NULL
   AND (discarded_at IS NULL OR $7::boolean)
-  AND dead_at >= coalesce($1::timestamptz, '-infinity')
-  AND dead_at < coalesce($2::timestamptz, 'infinity')
-  AND ($3::text IS NULL OR @schema@.relayd_effective_queue(job) = $3)
-  AND ($4::text IS NULL OR job ->> 'type' = $4)
-  AND ($5::text IS NULL OR dead_reason = $5)
-  AND ($6::text IS NULL OR strpos(lower(last_error), lower($6)) > 0)
+  AND dead_at >= coalesce($5::timestamptz, '-infinity')
+  AND dead_at < coalesce($6::timestamptz, 'infinity')
+  AND @dead_letter_filters@
 ORDER BY o.dead_at DESC, o.event_id DESC  -- the uuid column, not the text output column
 LIMIT $8;
 
@@ -568,15 +573,14 @@ WHERE event_id = $1::uuid;
 -- guess for a prepared statement, would tempt it into reading and sorting every remaining
 -- dead letter, batch after batch). Each batch therefore reads at most $8 entries, however
 -- selective the filters: no OFFSET, no long scan, no long lock. --since is the first
--- cursor (with the nil uuid); $3 is the walk's end.
--- params: $1 after dead_at timestamptz, $2 after event_id uuid, $3 until timestamptz,
---         $4 queue text|null, $5 type text|null, $6 dead_reason text|null,
---         $7 error_contains text|null, $8 limit int
+-- cursor (with the nil uuid); $7 is the walk's end.
+-- params: $1-$4 the dead_letter_filters, $5 after dead_at timestamptz, $6 after event_id
+--         uuid, $7 until timestamptz, $8 limit int
 WITH scanned AS (
     SELECT event_id, dead_at
     FROM @outbox@ AS o
     WHERE dead_at IS NOT NULL AND discarded_at IS NULL
-      AND (dead_at, event_id) > ($1::timestamptz, $2::uuid)
+      AND (dead_at, event_id) > ($5::timestamptz, $6::uuid)
     ORDER BY o.dead_at, o.event_id  -- the index's order
     LIMIT $8
 ),
@@ -585,11 +589,8 @@ selected AS (
     FROM @outbox@ AS o
     JOIN scanned AS s ON s.event_id = o.event_id
     WHERE o.dead_at IS NOT NULL AND o.discarded_at IS NULL  -- again, once locked
-      AND o.dead_at < $3::timestamptz
-      AND ($4::text IS NULL OR @schema@.relayd_effective_queue(o.job) = $4)
-      AND ($5::text IS NULL OR o.job ->> 'type' = $5)
-      AND ($6::text IS NULL OR o.dead_reason = $6)
-      AND ($7::text IS NULL OR strpos(lower(o.last_error), lower($7)) > 0)
+      AND o.dead_at < $7::timestamptz
+      AND @dead_letter_filters@
     FOR UPDATE OF o
 )
 SELECT s.event_id::text AS event_id, s.dead_at, sel.event_id IS NOT NULL AS selected

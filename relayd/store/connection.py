@@ -65,22 +65,40 @@ FATAL_CONNECT: tuple[type[BaseException], ...] = (
     asyncpg.InvalidCatalogNameError,
 )
 
-_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.M)
+_NAME_LINE = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.M)
 # Section banners between blocks (`-- ====`) organise the file; they are not sent to the server.
 _BANNER_LINE = re.compile(r"^-- =+\n(?:-- .*\n)*?-- =+\s*$", re.M)
 
 
 def load_queries(table: OutboxTable) -> dict[str, str]:
-    """Read the named blocks and bind the table identifiers into them, once."""
+    """Read the named blocks, put each fragment where a block names it (`@fragment@`), and
+    bind the table identifiers into them, once."""
     text = resources.files("relayd").joinpath("sql/queries.sql").read_text(encoding="utf-8")
     pieces = _NAME_LINE.split(_BANNER_LINE.sub("", text))
     queries: dict[str, str] = {}
-    for name, body in zip(pieces[1::2], pieces[2::2], strict=True):
-        if name in queries:
+    fragments: dict[str, str] = {}
+    for kind, name, body in zip(pieces[1::3], pieces[2::3], pieces[3::3], strict=True):
+        if name in queries or name in fragments:
             # A second block of one name would silently replace the first.
             raise RuntimeError(f"sql/queries.sql names two blocks {name!r}")
-        queries[name] = render(body.strip(), table)
+        if kind == "fragment":
+            fragments[name] = _uncommented(body)
+        else:
+            queries[name] = body.strip()
+    for name, sql in queries.items():
+        whole = sql
+        for fragment, part in fragments.items():
+            whole = whole.replace(f"@{fragment}@", f"({part})")
+        queries[name] = render(whole, table)
     return queries
+
+
+def _uncommented(body: str) -> str:
+    """A block without its leading comment lines (a fragment goes inside a statement)."""
+    lines = body.strip().splitlines()
+    while lines and lines[0].startswith("--"):
+        lines.pop(0)
+    return "\n".join(lines).strip() if lines else ""
 
 
 def render(sql: str, table: OutboxTable) -> str:

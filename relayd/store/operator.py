@@ -59,12 +59,7 @@ class OperatorQueries(SchemaQueries):
     ) -> list[DeadLetterRow]:
         """Dead letters matching `filters`, newest first."""
         records = await self._fetch(
-            "dlq_list",
-            filters.since,
-            filters.until,
-            *self._matching(filters),
-            include_discarded,
-            limit,
+            "dlq_list", *filters.matching(), filters.since, filters.until, include_discarded, limit
         )
         return [self._dead_letter_row(r) for r in records]
 
@@ -275,13 +270,7 @@ class OperatorQueries(SchemaQueries):
         # sends datetime.min as '-infinity'.
         start = page.filters.since or datetime.min.replace(tzinfo=UTC)
         after_at, after_id = page.after or (start, str(uuid.UUID(int=0)))
-        return (after_at, after_id, page.until, *cls._matching(page.filters), page.limit)
-
-    @staticmethod
-    def _matching(f: DeadLetterFilter) -> tuple[object, ...]:
-        """The filters `dlq_list` and `dlq_page` test each row against, in their order there
-        (the time bounds are each statement's own: a range, or the walk's cursor and end)."""
-        return (f.queue, f.type, f.dead_reason, f.error_contains)
+        return (*page.filters.matching(), after_at, after_id, page.until, page.limit)
 
     @staticmethod
     def _dead_letter_row(record: asyncpg.Record) -> DeadLetterRow:
