@@ -47,8 +47,8 @@ class DeadLetterFilter:
     error_contains: str | None = None  # a substring of last_error, case-insensitive
 
     def matching(self) -> tuple[object, ...]:
-        """The parameters of sql/queries.sql's dead_letter_filters, in its order ($1-$4). The
-        time bounds are each statement's own (a range, or a walk's cursor and end)."""
+        """The parameters of sql/queries.sql's dead_letter_filters, in its order (from $5 on).
+        The time bounds are each statement's own (a range, or a walk's cursor and end)."""
         return (self.queue, self.type, self.dead_reason, self.error_contains)
 
 

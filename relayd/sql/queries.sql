@@ -530,30 +530,31 @@ SELECT now();
 
 -- fragment: dead_letter_filters
 -- The filters of `dlq list` and of the bulk actions (dlq_list, dlq_page), in one place: each
--- null parameter lets every row through. The statements using it take the filters as $1-$4
--- (`DeadLetterFilter.matching()`) and read the outbox as `o`. A new filter is a line here,
--- a field and its option in relayd/operator_models.py and relayd/operator/dlq_filters.py.
-    ($1::text IS NULL OR @schema@.relayd_effective_queue(o.job) = $1)
-AND ($2::text IS NULL OR o.job ->> 'type' = $2)
-AND ($3::text IS NULL OR o.dead_reason = $3)
-AND ($4::text IS NULL OR strpos(lower(o.last_error), lower($4)) > 0)
+-- null parameter lets every row through. The statements using it read the outbox as `o` and
+-- take their own four parameters first, then the filters from $5 on, in the order of
+-- `DeadLetterFilter.matching()`: a new filter is a line here, its field there and its option
+-- in relayd/operator/dlq_filters.py.
+    ($5::text IS NULL OR @schema@.relayd_effective_queue(o.job) = $5)
+AND ($6::text IS NULL OR o.job ->> 'type' = $6)
+AND ($7::text IS NULL OR o.dead_reason = $7)
+AND ($8::text IS NULL OR strpos(lower(o.last_error), lower($8)) > 0)
 
 -- name: dlq_list
 -- Dead letters matching the filters, newest first. Without include_discarded the planner
 -- (which sees the parameters: the command runs this once) can read the dead-letter index.
--- params: $1-$4 the dead_letter_filters, $5 since timestamptz|null, $6 until timestamptz|null,
---         $7 include_discarded bool, $8 limit int
+-- params: $1 since timestamptz|null, $2 until timestamptz|null, $3 include_discarded bool,
+--         $4 limit int, then the dead_letter_filters
 SELECT event_id::text AS event_id, created_at, published_at, dead_at, dead_reason,
        @schema@.relayd_effective_queue(job) AS queue, job ->> 'type' AS type, attempts,
        last_error, last_attempt_at, discarded_at, discard_reason
 FROM @outbox@ AS o
 WHERE dead_at IS NOT NULL
-  AND (discarded_at IS NULL OR $7::boolean)
-  AND dead_at >= coalesce($5::timestamptz, '-infinity')
-  AND dead_at < coalesce($6::timestamptz, 'infinity')
+  AND (discarded_at IS NULL OR $3::boolean)
+  AND dead_at >= coalesce($1::timestamptz, '-infinity')
+  AND dead_at < coalesce($2::timestamptz, 'infinity')
   AND @dead_letter_filters@
 ORDER BY o.dead_at DESC, o.event_id DESC  -- the uuid column, not the text output column
-LIMIT $8;
+LIMIT $4;
 
 -- name: dlq_show
 -- One outbox row, whatever its state (to say why it is not a dead letter), with its envelope.
@@ -573,23 +574,23 @@ WHERE event_id = $1::uuid;
 -- guess for a prepared statement, would tempt it into reading and sorting every remaining
 -- dead letter, batch after batch). Each batch therefore reads at most $8 entries, however
 -- selective the filters: no OFFSET, no long scan, no long lock. --since is the first
--- cursor (with the nil uuid); $7 is the walk's end.
--- params: $1-$4 the dead_letter_filters, $5 after dead_at timestamptz, $6 after event_id
---         uuid, $7 until timestamptz, $8 limit int
+-- cursor (with the nil uuid); $3 is the walk's end.
+-- params: $1 after dead_at timestamptz, $2 after event_id uuid, $3 until timestamptz,
+--         $4 limit int, then the dead_letter_filters
 WITH scanned AS (
     SELECT event_id, dead_at
     FROM @outbox@ AS o
     WHERE dead_at IS NOT NULL AND discarded_at IS NULL
-      AND (dead_at, event_id) > ($5::timestamptz, $6::uuid)
+      AND (dead_at, event_id) > ($1::timestamptz, $2::uuid)
     ORDER BY o.dead_at, o.event_id  -- the index's order
-    LIMIT $8
+    LIMIT $4
 ),
 selected AS (
     SELECT o.event_id
     FROM @outbox@ AS o
     JOIN scanned AS s ON s.event_id = o.event_id
     WHERE o.dead_at IS NOT NULL AND o.discarded_at IS NULL  -- again, once locked
-      AND o.dead_at < $7::timestamptz
+      AND o.dead_at < $3::timestamptz
       AND @dead_letter_filters@
     FOR UPDATE OF o
 )

@@ -59,7 +59,7 @@ class OperatorQueries(SchemaQueries):
     ) -> list[DeadLetterRow]:
         """Dead letters matching `filters`, newest first."""
         records = await self._fetch(
-            "dlq_list", *filters.matching(), filters.since, filters.until, include_discarded, limit
+            "dlq_list", filters.since, filters.until, include_discarded, limit, *filters.matching()
         )
         return [self._dead_letter_row(r) for r in records]
 
@@ -270,7 +270,7 @@ class OperatorQueries(SchemaQueries):
         # sends datetime.min as '-infinity'.
         start = page.filters.since or datetime.min.replace(tzinfo=UTC)
         after_at, after_id = page.after or (start, str(uuid.UUID(int=0)))
-        return (*page.filters.matching(), after_at, after_id, page.until, page.limit)
+        return (after_at, after_id, page.until, page.limit, *page.filters.matching())
 
     @staticmethod
     def _dead_letter_row(record: asyncpg.Record) -> DeadLetterRow:

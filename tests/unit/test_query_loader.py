@@ -19,7 +19,7 @@ def test_every_placeholder_is_bound_and_fragments_are_not_statements() -> None:
     assert "dead_letter_filters" not in queries  # a fragment is not sent on its own
     assert not [name for name, sql in queries.items() if re.search(r"@\w+@", sql)]
     for name in ("dlq_list", "dlq_page"):
-        assert "strpos(lower(o.last_error), lower($4))" in queries[name], name
+        assert "strpos(lower(o.last_error), lower($8))" in queries[name], name
 
 
 def _text(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
