@@ -566,13 +566,13 @@ FROM @outbox@
 WHERE event_id = $1::uuid;
 
 -- name: dlq_page
--- One batch of a bulk action: the next $8 entries of the dead-letter index after the keyset
+-- One batch of a bulk action: the next $4 entries of the dead-letter index after the keyset
 -- cursor ($1, $2), in (dead_at, event_id) order, and which of them the filters select
 -- (locked until the batch's transaction ends). The scan has no condition but the index's
 -- own predicate and the cursor: the planner then always walks the index in order and stops
--- after $8 entries (filters or a range bound on dead_at, whose selectivity it can only
+-- after $4 entries (filters or a range bound on dead_at, whose selectivity it can only
 -- guess for a prepared statement, would tempt it into reading and sorting every remaining
--- dead letter, batch after batch). Each batch therefore reads at most $8 entries, however
+-- dead letter, batch after batch). Each batch therefore reads at most $4 entries, however
 -- selective the filters: no OFFSET, no long scan, no long lock. --since is the first
 -- cursor (with the nil uuid); $3 is the walk's end.
 -- params: $1 after dead_at timestamptz, $2 after event_id uuid, $3 until timestamptz,
