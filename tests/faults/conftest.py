@@ -10,6 +10,7 @@ import pytest
 
 from tests.faults.harness import Scene
 from tests.faults.harness import scene as make_scene
+from tests.faults.nats_stage import NatsStage, nats_stage
 from tests.support import Database, TcpProxy
 
 
@@ -28,3 +29,11 @@ async def scene(database: Database, tmp_path: Path) -> AsyncIterator[Scene]:
     transition history installed; every process is killed at the end."""
     async with make_scene(tmp_path, database.dsn) as stage:
         yield stage
+
+
+@pytest.fixture
+async def stage(scene: Scene, tmp_path: Path) -> AsyncIterator[NatsStage]:
+    """The scene with a nats-server of its own (the dev extra's binary) in place of the
+    emulator, and a client of it; see tests/faults/nats_stage.py."""
+    async with nats_stage(scene, tmp_path) as nats_scene:
+        yield nats_scene

@@ -1,0 +1,147 @@
+"""The NATS scenarios' stage: the fault suite's `Scene` (a test database with the transition
+history, processes logging under tmp_path) with a real nats-server (the dev extra's binary,
+its store under tmp_path) in place of the emulator, `relayd run` processes configured for
+`[sink] kind = "nats"`, and the checker reading the stream at the end.
+
+A scenario reads as the OJS ones do: add the stream (or not), produce events, start relays
+(some armed to fail, some behind a `NatsProxy`), let the fault happen, heal, wait for the
+outbox to drain, and `await stage.check()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.js.api import StreamConfig
+
+from relayd.events import META_OCCURRED_AT, META_VERSION
+from relayd.testing.nats import NatsServer
+from relayd.testing.processes import free_port
+from tests.faults.checker import Report
+from tests.faults.harness import FAST, Process, Scene, await_ok
+from tests.faults.nats_proxy import NatsProxy
+from tests.faults.stream_checker import Expected, check_stream
+from tests.support import relayd_argv
+
+STREAM = "EVENTS"
+SOURCE = "/orders-service"
+EVENT_TYPE = "order.updated"
+SUBJECT = "events.orders"
+ROUTES = [{"type": EVENT_TYPE, "subject": SUBJECT}]
+WHEN = "2024-05-01T12:00:00Z"
+SWITCHES = ("RELAYD_TEST_FAILPOINTS", "RELAYD_TEST_MUTANT")
+
+
+@dataclass
+class NatsStage:
+    """A Scene, a nats-server, a client of it (setup and reading back) and the proxies."""
+
+    scene: Scene
+    server: NatsServer
+    client: Client
+    proxies: list[NatsProxy] = field(default_factory=list)
+    # Messages a scenario put in the stream under an event's id: id -> body.
+    planted: dict[str, bytes] = field(default_factory=dict)
+
+    async def add_stream(self, **config: Any) -> None:
+        await self.client.jetstream().add_stream(
+            StreamConfig(name=STREAM, subjects=["events.>"], **config)
+        )
+
+    async def plant(self, event_id: str, body: bytes) -> None:
+        """Store another message under `event_id` (a conflict for relayd to find)."""
+        await self.client.jetstream().publish(SUBJECT, body, headers={"Nats-Msg-Id": event_id})
+        self.planted[event_id] = body
+
+    async def produce(self, count: int) -> list[str]:
+        """Commit `count` events (data {"n": i}) in one transaction; their ids."""
+        meta = {META_VERSION: 1, META_OCCURRED_AT: WHEN}
+        return await self.scene.produce(count, job_type=EVENT_TYPE, meta=meta)
+
+    async def proxy(self) -> NatsProxy:
+        """A started `NatsProxy` in front of the server (closed with the stage)."""
+        proxy = NatsProxy.for_url(self.server.url)
+        await proxy.start()
+        self.proxies.append(proxy)
+        return proxy
+
+    async def relay(
+        self,
+        name: str,
+        *,
+        through: NatsProxy | None = None,
+        failpoints: str | None = None,
+        ready: bool = True,
+        **settings: str,
+    ) -> Process:
+        """`relayd run` with the suite's FAST settings and the NATS sink (the server, or the
+        proxy `through`), then `settings` as RELAYD_* variables."""
+        port = free_port()
+        config = self.scene.base / f"{name}.toml"
+        config.write_text("")
+        env = dict(FAST) | {
+            "RELAYD_CONFIG": str(config),
+            "RELAYD_DATABASE__DSN": self.scene.dsn,
+            "RELAYD_OUTBOX__TABLE": self.scene.table,
+            "RELAYD_HTTP__LISTEN": f"127.0.0.1:{port}",
+            "RELAYD_SINK__KIND": "nats",
+            "RELAYD_SINK__SERVERS": (through.url if through else self.server.url),
+            "RELAYD_SINK__STREAM": STREAM,
+            "RELAYD_SINK__ROUTES": json.dumps(ROUTES),
+            "RELAYD_SINK__SOURCE": SOURCE,
+            "RELAYD_SINK__CONCURRENCY": "16",
+        }
+        if failpoints:
+            env["RELAYD_TEST_FAILPOINTS"] = failpoints
+        env |= settings
+        switched = any(env.get(key) for key in SWITCHES)
+        proc = await self.scene.spawn(name, relayd_argv("run", switched=switched), env)
+        if ready:
+            await await_ok(self.scene.http, f"http://127.0.0.1:{port}/healthz", proc)
+        return proc
+
+    async def restart_server(self) -> None:
+        """Stop nats-server and start it again on its port and store."""
+        await asyncio.to_thread(self.server.restart)
+
+    async def check(self) -> Report:
+        """The history checker over the outbox and the stream (tests/faults/
+        stream_checker.py); fails the test with every violation."""
+        expected = Expected(STREAM, SOURCE, {EVENT_TYPE: SUBJECT}, self.planted)
+        return await check_stream(self.scene.conn, self.client, expected, table=self.scene.table)
+
+    async def close(self) -> None:
+        for proxy in self.proxies:
+            await proxy.close()
+        await self.client.close()
+
+
+@contextlib.asynccontextmanager
+async def nats_stage(scene: Scene, base: Path) -> AsyncIterator[NatsStage]:
+    """A NatsStage on `scene`, its server's store under `base`; all stopped on exit."""
+    server = NatsServer(base / "nats")
+    await asyncio.to_thread(server.start)
+    try:
+        # The reading client reconnects across a server restart on its own.
+        client = await nats.connect(server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+        stage = NatsStage(scene=scene, server=server, client=client)
+        try:
+            yield stage
+        finally:
+            await scene.close()  # relays first, while the server still answers them
+            await stage.close()
+    finally:
+        await asyncio.to_thread(server.close)
+
+
+def opened(log: str, times: int = 1) -> bool:
+    """Whether a relay's JSON log shows the breaker opened at least `times` times."""
+    return log.count('"breaker.opened"') >= times

@@ -1,0 +1,178 @@
+"""The history checker's NATS side: it reads a JetStream stream back, message by message,
+and judges it against the outbox.
+
+`read_stream` returns every stored message (sequence, subject, headers, body). `ledger_of`
+turns them into the emulator's ledger shape (`{"jobs": {id: {"created", "job", ...}}}`, the
+job rebuilt from the message: id from `Nats-Msg-Id`, type from `ce-type`, args `[body]`,
+meta from `ce-dataversion` and `ce-time`), so that tests/faults/checker.py's rules (lost,
+unexpected, duplicated, falsely published, stale token) run unchanged over a stream. A
+message without `Nats-Msg-Id` shows as an id the outbox never had (unexpected).
+
+`stream_problems` adds what only a stream can get wrong: every published row's message must
+carry exactly the headers relayd promises (`Nats-Msg-Id` = `Message-Id` = `ce-id` = the
+event id, the `ce-` attributes, the expected stream) on its route's subject, with the
+event's data as the body, in relayd's encoding (compact JSON, sorted keys); a dead row's id
+may be in the stream only as the message a scenario planted there (`planted`: id -> body,
+the conflict), and that row must be dead-lettered `conflict`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from nats.aio.client import Client
+
+from relayd.events import META_OCCURRED_AT, META_VERSION
+from relayd.models import OutboxTable
+from tests.faults.checker import Report, assert_clean, check
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the stream should hold: its name, the events' ce-source, each event type's
+    subject, and the messages a scenario planted under an event's id (id -> body)."""
+
+    stream: str
+    source: str
+    subjects: Mapping[str, str]
+    planted: Mapping[str, bytes] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """One message of the stream."""
+
+    seq: int
+    subject: str
+    headers: Mapping[str, str]
+    body: bytes
+
+    @property
+    def event_id(self) -> str:
+        return self.headers.get("Nats-Msg-Id") or f"(no Nats-Msg-Id, seq {self.seq})"
+
+
+async def read_stream(client: Client, stream: str) -> list[Stored]:
+    """Every message of `stream`, in order (read one by one through the stream's API, which
+    needs no consumer)."""
+    info = await client.jetstream().stream_info(stream)
+    messages: list[Stored] = []
+    if info.state.messages == 0:
+        return messages
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        reply = await client.request(
+            f"$JS.API.STREAM.MSG.GET.{stream}", json.dumps({"seq": seq}).encode(), timeout=5
+        )
+        answer = json.loads(reply.data)
+        if "message" not in answer:  # a deleted sequence
+            continue
+        message = answer["message"]
+        raw = base64.b64decode(message.get("hdrs") or "").decode().split("\r\n")[1:]
+        headers = dict(line.split(": ", 1) for line in raw if line)
+        body = base64.b64decode(message.get("data") or "")
+        messages.append(Stored(seq, message["subject"], headers, body))
+    return messages
+
+
+def ledger_of(messages: list[Stored]) -> dict[str, Any]:
+    """The stream as an emulator ledger: per id, how many messages carry it and the job the
+    first one spells."""
+    counts = Counter(m.event_id for m in messages)
+    jobs: dict[str, dict[str, Any]] = {}
+    for message in messages:
+        if message.event_id in jobs:
+            continue
+        headers = message.headers
+        try:
+            data = json.loads(message.body)
+        except ValueError:
+            data = f"(unreadable body: {message.body[:60]!r})"
+        meta: dict[str, Any] = {META_OCCURRED_AT: headers.get("ce-time")}
+        version = headers.get("ce-dataversion", "")
+        meta[META_VERSION] = int(version) if version.isdigit() else version
+        job = {"id": headers.get("ce-id"), "type": headers.get("ce-type"), "args": [data]}
+        jobs[message.event_id] = {
+            "created": counts[message.event_id],
+            "overwrites": 0,
+            "queue": None,
+            "job": job | {"meta": meta},
+        }
+    return {"jobs": jobs}
+
+
+def body_of(data: Any) -> bytes:
+    """The body relayd promises for an event's data: JSON, compact, keys sorted."""
+    return json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+
+
+def stream_problems(
+    rows: Sequence[Mapping[str, Any]], messages: Sequence[Stored], expected: Expected
+) -> list[str]:
+    """What the stream holds wrongly for the outbox `rows` (event_id, job, published_at,
+    dead_reason)."""
+    by_id: dict[str, list[Stored]] = {}
+    for message in messages:
+        by_id.setdefault(message.event_id, []).append(message)
+    problems = []
+    for row in rows:
+        event_id, held = row["event_id"], by_id.get(row["event_id"], [])
+        if row["published_at"] is not None:
+            if len(held) != 1:
+                problems.append(f"{event_id}: published, {len(held)} messages in the stream")
+                continue
+            envelope = json.loads(row["job"])
+            headers = {
+                "Nats-Msg-Id": event_id,
+                "Message-Id": event_id,
+                "Nats-Expected-Stream": expected.stream,
+                "ce-specversion": "1.0",
+                "ce-id": event_id,
+                "ce-type": envelope["type"],
+                "ce-source": expected.source,
+                "ce-time": envelope["meta"][META_OCCURRED_AT],
+                "ce-dataversion": str(envelope["meta"][META_VERSION]),
+                "ce-datacontenttype": "application/json",
+                "Content-Type": "application/json",
+            }
+            [message] = held
+            if dict(message.headers) != headers:
+                problems.append(f"{event_id}: headers {dict(message.headers)}, not {headers}")
+            if message.body != body_of(envelope["args"][0]):
+                problems.append(f"{event_id}: body {message.body!r}")
+            if message.subject != expected.subjects.get(envelope["type"]):
+                problems.append(f"{event_id}: on subject {message.subject}")
+        elif event_id in expected.planted:
+            if row["dead_reason"] != "conflict":
+                problems.append(f"{event_id}: planted conflict, dead {row['dead_reason']}")
+            if [m.body for m in held] != [expected.planted[event_id]]:
+                problems.append(f"{event_id}: the planted message is not alone under its id")
+        elif row["dead_reason"] is not None and held:
+            problems.append(f"{event_id}: dead ({row['dead_reason']}) but in the stream")
+    return problems
+
+
+_ROWS = "SELECT event_id::text AS event_id, job::text AS job, published_at, dead_reason FROM {t}"
+
+
+async def check_stream(
+    conn: asyncpg.Connection, client: Client, expected: Expected, *, table: str = "relayd.outbox"
+) -> Report:
+    """The history checker over the outbox and the stream, then the stream's own rules;
+    fails the test with every violation."""
+    messages = await read_stream(client, expected.stream)
+    report = await check(conn, ledger_of(messages), table=table)
+    assert_clean(report)
+    rows = await conn.fetch(_ROWS.format(t=OutboxTable.parse(table).qualified))
+    problems = stream_problems([dict(row) for row in rows], messages, expected)
+    if problems:
+        raise AssertionError(
+            f"stream check: {len(problems)} problem(s) over {len(rows)} rows and "
+            f"{len(messages)} messages:\n" + "\n".join(problems[:50])
+        )
+    return report

@@ -1,0 +1,115 @@
+"""The NATS sink under faults, on a real nats-server with JetStream, with real `relayd run`
+processes: killed mid-claim, PubAcks lost, connections cut with publishes in flight, the
+server restarted, the stream missing, and another message already under an event's id.
+Every scenario ends with the checker reading the stream back: each committed event in it
+exactly once, with its body and headers; the conflict dead-lettered and not published."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.faults.harness import Process
+from tests.faults.nats_stage import NatsStage
+
+DRAIN_TIMEOUT_S = 90.0
+
+
+def reconciled(relay: Process) -> int:
+    """Rows the relay found already in the stream (re-sent, answered as a duplicate)."""
+    return relay.log().count('"relay.reconciled"')
+
+
+@pytest.mark.parametrize("point", ["after_claim", "after_2xx", "before_settle"])
+async def test_kill_9_mid_claim_then_restart(stage: NatsStage, point: str) -> None:
+    """C1, C2: the relay dies (SIGKILL) the second time it reaches `point` (rows claimed;
+    published, not settled; settling); its leases are ended in SQL; a relay started again
+    publishes the rest, and what the dead one stored is reconciled, not stored twice."""
+    await stage.add_stream()
+    await stage.produce(200)
+    doomed = await stage.relay("doomed", failpoints=f"{point}=exit@2", ready=False)
+    assert await doomed.wait() == -signal.SIGKILL
+    await stage.scene.expire_leases()
+    await stage.relay("restarted")
+    await stage.scene.drained(DRAIN_TIMEOUT_S)
+    await stage.check()
+
+
+async def test_puback_lost(stage: NatsStage) -> None:
+    """C2: the server stores 10 events but their PubAcks never reach relayd (a proxy drops
+    them); each attempt times out (ambiguous), the row is re-sent with the same id, the
+    stream answers with a duplicate's PubAck, and relayd reconciles it: once each."""
+    await stage.add_stream()
+    proxy = await stage.proxy()
+    proxy.drop_acks(10)
+    await stage.produce(100)
+    relay = await stage.relay("relay", through=proxy)
+    await proxy.done()
+    await stage.scene.drained(DRAIN_TIMEOUT_S)
+    await stage.check()
+    assert proxy.stats.dropped_acks == 10
+    assert reconciled(relay) >= 10
+
+
+async def test_connection_cut_mid_pipeline(stage: NatsStage) -> None:
+    """C1, C2, C4: the connection is reset right after the 50th publish is forwarded, with
+    up to 16 publishes in flight (sink.concurrency); the client reconnects, the unanswered
+    rows are re-sent and reconciled, the rest flow; twice over."""
+    await stage.add_stream()
+    proxy = await stage.proxy()
+    proxy.cut_after(50)
+    await stage.produce(400)
+    relay = await stage.relay("relay", through=proxy)
+    await proxy.done()
+    proxy.cut_after(100)
+    await proxy.done()
+    await stage.scene.drained(DRAIN_TIMEOUT_S)
+    await stage.check()
+    assert proxy.stats.cuts == 2
+    assert proxy.stats.accepted >= 3
+    assert reconciled(relay) >= 1
+
+
+async def test_server_restart_mid_run(stage: NatsStage) -> None:
+    """C1, C5: nats-server is stopped and started again (same port and store) while relayd
+    publishes; what was in flight is reconciled, what fails meanwhile is refunded, nothing
+    is dead-lettered, and every event is stored once."""
+    await stage.add_stream()
+    await stage.produce(400)
+    await stage.relay("relay", RELAYD_RELAY__WORKERS="1", RELAYD_SINK__CONCURRENCY="4")
+    await stage.scene.until(
+        f"SELECT count(*) >= 50 FROM {stage.scene.sql_table} WHERE published_at IS NOT NULL"
+    )
+    await stage.restart_server()
+    await stage.scene.drained(DRAIN_TIMEOUT_S)
+    await stage.check()
+    assert await stage.scene.dead() == {}
+
+
+async def test_stream_missing_then_created(stage: NatsStage) -> None:
+    """C5: no stream takes the routes' subject: the publishes have no responders, a failure
+    of the sink, not of the rows; the breaker opens, nothing is dead-lettered; once the
+    stream is created every event is stored once."""
+    await stage.produce(50)
+    relay = await stage.relay("relay")
+    await relay.logged('"breaker.opened"')
+    assert await stage.scene.dead() == {}
+    assert await stage.scene.published() == 0
+    await stage.add_stream()
+    await stage.scene.drained(DRAIN_TIMEOUT_S)
+    await stage.check()
+
+
+async def test_same_id_different_body_already_in_the_stream(stage: NatsStage) -> None:
+    """C2: the stream already holds another message under one event's id (JetStream's
+    dedupe does not compare bytes); relayd reads it back, dead-letters that row `conflict`
+    and never marks it published; its neighbours flow; the stream keeps the other message
+    alone under that id."""
+    await stage.add_stream()
+    ids = await stage.produce(30)
+    await stage.plant(ids[7], b'{"someone":"else"}')
+    await stage.relay("relay")
+    await stage.scene.drained(DRAIN_TIMEOUT_S)
+    await stage.check()
+    assert await stage.scene.dead() == {ids[7]: "conflict"}
