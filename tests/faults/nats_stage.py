@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,8 @@ class NatsStage:
     proxies: list[NatsProxy] = field(default_factory=list)
     # Messages a scenario put in the stream under an event's id: id -> body.
     planted: dict[str, bytes] = field(default_factory=dict)
+    # Each relay's HTTP port (/metrics, /healthz), by name.
+    http_ports: dict[str, int] = field(default_factory=dict)
 
     async def add_stream(self, **config: Any) -> None:
         await self.client.jetstream().add_stream(
@@ -80,14 +82,15 @@ class NatsStage:
         through: NatsProxy | None = None,
         failpoints: str | None = None,
         ready: bool = True,
+        env: Mapping[str, str] | None = None,
         **settings: str,
     ) -> Process:
         """`relayd run` with the suite's FAST settings and the NATS sink (the server, or the
-        proxy `through`), then `settings` as RELAYD_* variables."""
-        port = free_port()
+        proxy `through`), then `env` and `settings` as RELAYD_* variables."""
+        port = self.http_ports[name] = free_port()
         config = self.scene.base / f"{name}.toml"
         config.write_text("")
-        env = dict(FAST) | {
+        variables = dict(FAST) | {
             "RELAYD_CONFIG": str(config),
             "RELAYD_DATABASE__DSN": self.scene.dsn,
             "RELAYD_OUTBOX__TABLE": self.scene.table,
@@ -100,10 +103,10 @@ class NatsStage:
             "RELAYD_SINK__CONCURRENCY": "16",
         }
         if failpoints:
-            env["RELAYD_TEST_FAILPOINTS"] = failpoints
-        env |= settings
-        switched = any(env.get(key) for key in SWITCHES)
-        proc = await self.scene.spawn(name, relayd_argv("run", switched=switched), env)
+            variables["RELAYD_TEST_FAILPOINTS"] = failpoints
+        variables |= dict(env or {}) | settings
+        switched = any(variables.get(key) for key in SWITCHES)
+        proc = await self.scene.spawn(name, relayd_argv("run", switched=switched), variables)
         if ready:
             await await_ok(self.scene.http, f"http://127.0.0.1:{port}/healthz", proc)
         return proc

@@ -6,12 +6,14 @@ exactly once, with its body and headers; the conflict dead-lettered and not publ
 
 from __future__ import annotations
 
+import asyncio
 import signal
 
 import pytest
 
 from tests.faults.harness import Process
 from tests.faults.nats_stage import NatsStage
+from tests.support import TcpProxy
 
 DRAIN_TIMEOUT_S = 90.0
 
@@ -113,3 +115,67 @@ async def test_same_id_different_body_already_in_the_stream(stage: NatsStage) ->
     await stage.scene.drained(DRAIN_TIMEOUT_S)
     await stage.check()
     assert await stage.scene.dead() == {ids[7]: "conflict"}
+
+
+async def test_a_claim_answered_after_its_lease_publishes_nothing(stage: NatsStage) -> None:
+    """C4: 1. relay A's replies from PostgreSQL are delayed 2.5 s, past its 2 s lease; 2. A
+    claims 50 events (answered late); 3. relay B takes them over when the lease expires and
+    publishes them; 4. A's answer arrives past its start-by time: it must publish nothing
+    (its proxy to NATS forwards no publish; the stream's dedupe would hide a late resend)
+    and its settle is fenced (counted stale)."""
+    await stage.add_stream()
+    database = TcpProxy.for_dsn(stage.scene.dsn)
+    await database.start()
+    try:
+        to_nats = await stage.proxy()
+        await stage.relay(
+            "late",
+            through=to_nats,
+            env=LATE_TIMING,
+            RELAYD_DATABASE__DSN=database.dsn_through(stage.scene.dsn),
+            RELAYD_RELAY__WORKERS="1",
+        )
+        # 1.
+        database.reply_delay_s = REPLY_DELAY_S
+        # 2.
+        ids = await stage.produce(50)
+        await stage.scene.until(
+            f"SELECT count(*) = {len(ids)} FROM {stage.scene.sql_table} "
+            "WHERE lease_owner IS NOT NULL"
+        )
+        # 3.
+        await stage.relay("prompt", env=LATE_TIMING)
+        await stage.scene.drained(DRAIN_TIMEOUT_S)
+        # 4.
+        await until_metric(
+            stage, stage.http_ports["late"], 'relayd_outcomes_total{outcome="stale"}', len(ids)
+        )
+        database.reply_delay_s = 0.0
+        await stage.check()
+        assert to_nats.stats.publishes == 0
+    finally:
+        await database.close()
+
+
+LATE_TIMING = {
+    "RELAYD_RELAY__LEASE_S": "2",
+    "RELAYD_RELAY__BATCH_SIZE": "100",
+    "RELAYD_RELAY__POLL_INTERVAL_S": "0.1",
+    "RELAYD_SINK__TIMEOUT_S": "0.5",
+}
+# Longer than the lease: the claim's answer arrives after it expired. (Every statement of
+# relay A costs two delayed round trips: its own, and the pool's reset on release.)
+REPLY_DELAY_S = 2.5
+
+
+async def until_metric(stage: NatsStage, port: int, sample: str, at_least: float) -> None:
+    """Wait until the relay listening on `port` exports `sample` at `at_least` or more."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    async with asyncio.timeout(60):
+        while True:
+            async with stage.scene.http.get(url) as answer:
+                text = await answer.text()
+            values = [line.split()[-1] for line in text.splitlines() if line.startswith(sample)]
+            if values and float(values[0]) >= at_least:
+                return
+            await asyncio.sleep(0.1)  # a process's counters cannot signal this loop

@@ -1,0 +1,116 @@
+"""The stream checker's negative controls: each way a stream can break the contract is
+reported (tests/faults/stream_checker.py), and a clean stream is not."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from tests.faults.nats_stage import NatsStage
+from tests.faults.stream_checker import Expected, Stored, body_of, ledger_of, stream_problems
+
+EXPECTED = Expected("EVENTS", "/src", {"order.updated": "events.orders"})
+WHEN = "2024-05-01T12:00:00Z"
+NOW = datetime(2024, 5, 1, tzinfo=UTC)
+
+
+def row(event_id: str, *, published: bool = True, dead: str | None = None) -> dict[str, Any]:
+    job = {
+        "id": event_id,
+        "type": "order.updated",
+        "args": [{"b": 2, "a": event_id}],
+        "meta": {"version": 3, "occurred_at": WHEN},
+    }
+    return {
+        "event_id": event_id,
+        "job": json.dumps(job),
+        "published_at": NOW if published else None,
+        "dead_reason": dead,
+    }
+
+
+def message(event_id: str, seq: int = 1, **changes: Any) -> Stored:
+    headers = {
+        "Nats-Msg-Id": event_id,
+        "Message-Id": event_id,
+        "Nats-Expected-Stream": "EVENTS",
+        "ce-specversion": "1.0",
+        "ce-id": event_id,
+        "ce-type": "order.updated",
+        "ce-source": "/src",
+        "ce-time": WHEN,
+        "ce-dataversion": "3",
+        "ce-datacontenttype": "application/json",
+        "Content-Type": "application/json",
+    } | changes.pop("headers", {})
+    body = changes.pop("body", f'{{"a":"{event_id}","b":2}}'.encode())
+    return Stored(seq, changes.pop("subject", "events.orders"), headers, body)
+
+
+def test_a_clean_stream_has_no_problems() -> None:
+    """Each published row's message once, with its headers, body (sorted, compact) and
+    subject: nothing to report."""
+    rows = [row("e1"), row("e2"), row("e3", published=False, dead="no_route")]
+    assert stream_problems(rows, [message("e1"), message("e2", 2)], EXPECTED) == []
+
+
+@pytest.mark.parametrize(
+    ("messages", "problem"),
+    [
+        ([], "e1: published, 0 messages in the stream"),
+        ([message("e1"), message("e1", 2)], "e1: published, 2 messages in the stream"),
+        ([message("e1", headers={"ce-time": "2024"})], "e1: headers"),
+        ([message("e1", headers={"Message-Id": "x"})], "e1: headers"),
+        ([message("e1", body=b'{"b":2,"a":"e1"}')], "e1: body"),
+        ([message("e1", subject="events.other")], "e1: on subject events.other"),
+    ],
+)
+def test_each_wrong_message_is_reported(messages: list[Stored], problem: str) -> None:
+    """Missing, twice, a header off, the body in another encoding, another subject."""
+    [found] = stream_problems([row("e1")], messages, EXPECTED)
+    assert found.startswith(problem)
+
+
+def test_a_dead_row_in_the_stream_and_a_planted_conflict() -> None:
+    """A dead row's id in the stream is reported unless it is the planted message alone and
+    the row is dead-lettered `conflict`."""
+    planted = Expected(**{**EXPECTED.__dict__, "planted": {"e2": b"other"}})
+    rows = [row("e1", published=False, dead="too_large"), row("e2", published=False, dead="x")]
+    messages = [message("e1"), message("e2", 2, body=b"other")]
+    assert stream_problems(rows, messages, planted) == [
+        "e1: dead (too_large) but in the stream",
+        "e2: planted conflict, dead x",
+    ]
+
+
+def test_the_ledger_counts_each_id_and_names_messages_without_one() -> None:
+    """The stream as an emulator ledger: a count per id, the job rebuilt from the headers,
+    and a message with no Nats-Msg-Id under a name no outbox row has."""
+    bare = Stored(3, "events.orders", {}, b"{}")
+    jobs = ledger_of([message("e1"), message("e1", 2), bare])["jobs"]
+    assert jobs["e1"]["created"] == 2
+    assert jobs["e1"]["job"] == {
+        "id": "e1",
+        "type": "order.updated",
+        "args": [{"a": "e1", "b": 2}],
+        "meta": {"version": 3, "occurred_at": WHEN},
+    }
+    assert jobs["(no Nats-Msg-Id, seq 3)"]["created"] == 1
+    assert body_of({"b": [1, "é"], "a": None}) == '{"a":null,"b":[1,"é"]}'.encode()
+
+
+async def test_a_stray_message_fails_the_check(stage: NatsStage) -> None:
+    """A message under an id the outbox never had fails the check as unexpected."""
+    await stage.add_stream()
+    await stage.produce(3)
+    await stage.relay("relay")
+    await stage.scene.drained()
+    await stage.check()
+    await stage.client.jetstream().publish(
+        "events.orders", b"{}", headers={"Nats-Msg-Id": "not-an-event"}
+    )
+    with pytest.raises(AssertionError, match="unexpected \\(1\\): not-an-event"):
+        await stage.check()
