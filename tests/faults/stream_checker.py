@@ -1,7 +1,7 @@
 """The history checker's NATS side: it reads a JetStream stream back, message by message,
 and judges it against the outbox.
 
-`read_stream` returns every stored message (sequence, subject, headers, body). `ledger_of`
+`read_stream` (relayd/testing/nats.py) returns every stored message. `ledger_of`
 turns them into the emulator's ledger shape (`{"jobs": {id: {"created", "job", ...}}}`, the
 job rebuilt from the message: id from `Nats-Msg-Id`, type from `ce-type`, args `[body]`,
 meta from `ce-dataversion` and `ce-time`), so that tests/faults/checker.py's rules (lost,
@@ -18,7 +18,6 @@ the conflict), and that row must be dead-lettered `conflict`.
 
 from __future__ import annotations
 
-import base64
 import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -30,6 +29,7 @@ from nats.aio.client import Client
 
 from relayd.events import META_OCCURRED_AT, META_VERSION
 from relayd.models import OutboxTable
+from relayd.testing.nats import Stored, read_stream
 from tests.faults.checker import Report, assert_clean, check
 
 
@@ -42,42 +42,6 @@ class Expected:
     source: str
     subjects: Mapping[str, str]
     planted: Mapping[str, bytes] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Stored:
-    """One message of the stream."""
-
-    seq: int
-    subject: str
-    headers: Mapping[str, str]
-    body: bytes
-
-    @property
-    def event_id(self) -> str:
-        return self.headers.get("Nats-Msg-Id") or f"(no Nats-Msg-Id, seq {self.seq})"
-
-
-async def read_stream(client: Client, stream: str) -> list[Stored]:
-    """Every message of `stream`, in order (read one by one through the stream's API, which
-    needs no consumer)."""
-    info = await client.jetstream().stream_info(stream)
-    messages: list[Stored] = []
-    if info.state.messages == 0:
-        return messages
-    for seq in range(info.state.first_seq, info.state.last_seq + 1):
-        reply = await client.request(
-            f"$JS.API.STREAM.MSG.GET.{stream}", json.dumps({"seq": seq}).encode(), timeout=5
-        )
-        answer = json.loads(reply.data)
-        if "message" not in answer:  # a deleted sequence
-            continue
-        message = answer["message"]
-        raw = base64.b64decode(message.get("hdrs") or "").decode().split("\r\n")[1:]
-        headers = dict(line.split(": ", 1) for line in raw if line)
-        body = base64.b64decode(message.get("data") or "")
-        messages.append(Stored(seq, message["subject"], headers, body))
-    return messages
 
 
 def ledger_of(messages: list[Stored]) -> dict[str, Any]:

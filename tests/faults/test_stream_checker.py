@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from relayd.testing.nats import Stored
 from tests.faults.nats_stage import NatsStage
-from tests.faults.stream_checker import Expected, Stored, body_of, ledger_of, stream_problems
+from tests.faults.stream_checker import Expected, body_of, ledger_of, stream_problems
 
 EXPECTED = Expected("EVENTS", "/src", {"order.updated": "events.orders"})
 WHEN = "2024-05-01T12:00:00Z"
