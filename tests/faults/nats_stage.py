@@ -111,10 +111,6 @@ class NatsStage:
             await await_ok(self.scene.http, f"http://127.0.0.1:{port}/healthz", proc)
         return proc
 
-    async def restart_server(self) -> None:
-        """Stop nats-server and start it again on its port and store."""
-        await asyncio.to_thread(self.server.restart)
-
     async def check(self) -> Report:
         """The history checker over the outbox and the stream (tests/faults/
         stream_checker.py); fails the test with every violation."""
@@ -143,8 +139,3 @@ async def nats_stage(scene: Scene, base: Path) -> AsyncIterator[NatsStage]:
             await stage.close()
     finally:
         await asyncio.to_thread(server.close)
-
-
-def opened(log: str, times: int = 1) -> bool:
-    """Whether a relay's JSON log shows the breaker opened at least `times` times."""
-    return log.count('"breaker.opened"') >= times
