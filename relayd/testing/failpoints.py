@@ -18,7 +18,7 @@ The places (`POINTS`), in the order a cycle reaches them:
 - ``after_claim``: the claim statement committed and its rows came back, nothing sent yet
   (the start of `RelayWorker.publish`);
 - ``before_post``: an attempt passed its start-by check and is about to send its request, a
-  row or a batch (the start of the sink's `publish`);
+  row or a batch (the start of the sink's `publish`, OJS or NATS);
 - ``after_2xx``: the sink accepted at least one row, nothing settled yet (the end of
   `RelayWorker.publish`);
 - ``before_settle``: the settle statements are about to be sent (each commits on its own,
@@ -153,6 +153,7 @@ def install(patches: Patches) -> None:
     """Put the armed relay failpoints where their places are, by wrapping relayd's methods
     (none unless `arm` armed one of them)."""
     from relayd.relay import RelayWorker  # noqa: PLC0415 - only once something is armed
+    from relayd.sinks.nats import NatsSink  # noqa: PLC0415
     from relayd.sinks.ojs import OjsSink  # noqa: PLC0415
 
     if not ARMED.keys() - {"sink_after_store"}:
@@ -169,7 +170,7 @@ def install(patches: Patches) -> None:
         return wrapped
 
     def send(original: Any) -> Any:
-        async def wrapped(self: OjsSink, *args: Any, **kwargs: Any) -> Any:
+        async def wrapped(self: OjsSink | NatsSink, *args: Any, **kwargs: Any) -> Any:
             await reach("before_post")
             return await original(self, *args, **kwargs)
 
@@ -192,5 +193,6 @@ def install(patches: Patches) -> None:
 
     patches.wrap(RelayWorker, "publish", publish)
     patches.wrap(OjsSink, "publish", send)
+    patches.wrap(NatsSink, "publish", send)
     patches.wrap(RelayWorker, "settle", settle)
     patches.wrap(RelayWorker, "_write", write)

@@ -14,7 +14,9 @@ launcher (relayd/testing/launch.py) calls it, for a relay the fault suite starts
   GET first (C2, on a sink that overwrites a reused id);
 - ``host_clock_leases``: the claim reads "now" from this host's clock, not the database's
   (C3, once clocks disagree);
-- ``no_jitter``: every backoff is its ceiling, so rows retried together stay together (C5).
+- ``no_jitter``: every backoff is its ceiling, so rows retried together stay together (C5);
+- ``duplicate_is_stored``: a NATS duplicate's PubAck counts as published, without reading
+  the stored message back to compare (C2).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ Mutant = Literal[
     "post_without_get",
     "host_clock_leases",
     "no_jitter",
+    "duplicate_is_stored",
 ]
 MUTANTS: Final[tuple[str, ...]] = get_args(Mutant)
 
@@ -145,5 +148,20 @@ def install(mutant: str, patches: Patches) -> None:
             return wrapped
 
         patches.wrap(Backoff, "delay_s", delay_s)
+    elif mutant == "duplicate_is_stored":
+        _duplicate_is_stored(patches)
     else:
         raise MutantSpecError(f"{mutant!r} is not one of {', '.join(MUTANTS)}")
+
+
+def _duplicate_is_stored(patches: Patches) -> None:
+    from relayd.models import Published  # noqa: PLC0415 - relayd only once a mutant runs
+    from relayd.sinks.nats import NatsSink  # noqa: PLC0415
+
+    def read_back(_original: Any) -> Any:
+        async def wrapped(self: NatsSink, *_args: Any) -> Any:
+            return Published(sink_state="stored", reconciled=True)
+
+        return wrapped
+
+    patches.wrap(NatsSink, "_read_back", read_back)

@@ -104,6 +104,8 @@ class NatsStage:
         }
         if failpoints:
             variables["RELAYD_TEST_FAILPOINTS"] = failpoints
+        if self.scene.mutant:
+            variables["RELAYD_TEST_MUTANT"] = self.scene.mutant
         variables |= dict(env or {}) | settings
         switched = any(variables.get(key) for key in SWITCHES)
         proc = await self.scene.spawn(name, relayd_argv("run", switched=switched), variables)

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from relayd.testing.mutants import MUTANTS
-from tests.faults import scenarios
+from tests.faults import nats_scenarios, scenarios
 from tests.faults.harness import Scene
 
 Scenario = Callable[[Scene], Awaitable[None]]
@@ -43,6 +43,21 @@ CAUGHT_BY: dict[str, tuple[Scenario, str]] = {
         r"rows still pending",
     ),
     "no_jitter": (scenarios.rows_failed_together_retried_apart, "distinct times"),
+    # The stream holds another message under a row's id; the mutant records it published.
+    "duplicate_is_stored": (
+        nats_scenarios.on_nats(nats_scenarios.same_id_different_body),
+        r"falsely published \(1\)",
+    ),
+}
+
+# A relay-wide rule holds for every sink: this mutant fails a NATS scenario too.
+CAUGHT_ON_NATS: dict[str, tuple[Scenario, str]] = {
+    "mark_before_post": (
+        nats_scenarios.on_nats(
+            functools.partial(nats_scenarios.kill_9_at_a_step, point="before_post")
+        ),
+        r"falsely published \(\d+\)",
+    ),
 }
 
 
@@ -54,6 +69,14 @@ def test_every_mutant_has_a_scenario_that_catches_it() -> None:
 @pytest.mark.parametrize("mutant", sorted(CAUGHT_BY))
 async def test_the_mutant_fails_its_scenario(scene: Scene, mutant: str) -> None:
     scenario, says = CAUGHT_BY[mutant]
+    scene.mutant = mutant
+    with pytest.raises(AssertionError, match=says):
+        await scenario(scene)
+
+
+@pytest.mark.parametrize("mutant", sorted(CAUGHT_ON_NATS))
+async def test_the_mutant_fails_its_nats_scenario(scene: Scene, mutant: str) -> None:
+    scenario, says = CAUGHT_ON_NATS[mutant]
     scene.mutant = mutant
     with pytest.raises(AssertionError, match=says):
         await scenario(scene)

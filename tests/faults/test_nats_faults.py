@@ -7,10 +7,10 @@ exactly once, with its body and headers; the conflict dead-lettered and not publ
 from __future__ import annotations
 
 import asyncio
-import signal
 
 import pytest
 
+from tests.faults import nats_scenarios
 from tests.faults.harness import Process
 from tests.faults.nats_stage import NatsStage
 from tests.support import TcpProxy
@@ -23,19 +23,13 @@ def reconciled(relay: Process) -> int:
     return relay.log().count('"relay.reconciled"')
 
 
-@pytest.mark.parametrize("point", ["after_claim", "after_2xx", "before_settle"])
+@pytest.mark.parametrize("point", ["after_claim", "before_post", "after_2xx", "before_settle"])
 async def test_kill_9_mid_claim_then_restart(stage: NatsStage, point: str) -> None:
     """C1, C2: the relay dies (SIGKILL) the second time it reaches `point` (rows claimed;
-    published, not settled; settling); its leases are ended in SQL; a relay started again
-    publishes the rest, and what the dead one stored is reconciled, not stored twice."""
-    await stage.add_stream()
-    await stage.produce(200)
-    doomed = await stage.relay("doomed", failpoints=f"{point}=exit@2", ready=False)
-    assert await doomed.wait() == -signal.SIGKILL
-    await stage.scene.expire_leases()
-    await stage.relay("restarted")
-    await stage.scene.drained(DRAIN_TIMEOUT_S)
-    await stage.check()
+    publishing; published, not settled; settling); its leases are ended in SQL; a relay
+    started again publishes the rest, and what the dead one stored is reconciled, not
+    stored twice."""
+    await nats_scenarios.kill_9_at_a_step(stage, point)
 
 
 async def test_puback_lost(stage: NatsStage) -> None:
@@ -116,13 +110,7 @@ async def test_same_id_different_body_already_in_the_stream(stage: NatsStage) ->
     dedupe does not compare bytes); relayd reads it back, dead-letters that row `conflict`
     and never marks it published; its neighbours flow; the stream keeps the other message
     alone under that id."""
-    await stage.add_stream()
-    ids = await stage.produce(30)
-    await stage.plant(ids[7], b'{"someone":"else"}')
-    await stage.relay("relay")
-    await stage.scene.drained(DRAIN_TIMEOUT_S)
-    await stage.check()
-    assert await stage.scene.dead() == {ids[7]: "conflict"}
+    await nats_scenarios.same_id_different_body(stage)
 
 
 async def test_a_claim_answered_after_its_lease_publishes_nothing(stage: NatsStage) -> None:
