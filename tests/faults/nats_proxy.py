@@ -10,8 +10,11 @@ message, or a duplicate). The proxy forwards frame by frame and, on command:
 
 - `drop_acks(n)`: swallows the next `n` PubAcks (the message is stored, the publisher never
   learns it: an ambiguous outcome per publish, the connection intact);
-- `cut_after(n)`: forwards `n` more publishes, then resets (RST) every connection at once,
-  whatever is in flight; new connections are accepted as before (the client reconnects).
+- `cut_after(n)`: forwards `n` more publishes and, when the server's PubAck to the n-th
+  comes back, drops it and resets (RST) every connection at once, whatever else is in
+  flight: that message is stored and its publisher never learns it (at least one ambiguous
+  publish, whatever the timing). New connections are accepted as before (the client
+  reconnects).
 
 `publishes` counts the publishes forwarded (to tell whether a relay sent anything at all).
 """
@@ -59,6 +62,13 @@ def _is_publish(line: bytes) -> bool:
     )
 
 
+def _reply_subject(line: bytes) -> bytes | None:
+    """A publish's reply inbox: PUB subject reply size, HPUB subject reply hsize size."""
+    words = line.split()
+    with_reply = 4 if words[0].upper() == b"PUB" else 5
+    return words[2] if len(words) == with_reply else None
+
+
 def _is_puback(line: bytes, payload: bytes) -> bool:
     words = line.split()
     if not words or words[0].upper() not in (b"MSG", b"HMSG"):
@@ -102,6 +112,7 @@ class NatsProxy:
     listen_port: int = 0
     _acks_to_drop: int = 0
     _publishes_before_cut: int | None = None
+    _cut_on_reply: bytes | None = None  # the inbox whose PubAck triggers the cut
     _server: asyncio.Server | None = None
     _links: set[_Link] = field(default_factory=set)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -178,14 +189,18 @@ class NatsProxy:
                     if self._publishes_before_cut is not None:
                         self._publishes_before_cut -= 1
                         if self._publishes_before_cut <= 0:
-                            self._cut()
-                            return
+                            self._publishes_before_cut = None
+                            self._cut_on_reply = _reply_subject(line)
         self._end(link)
 
     async def _server_to_client(self, link: _Link, reader: asyncio.StreamReader) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError, ValueError):
             while True:
                 line, payload = await _frame(reader)
+                if self._cut_on_reply is not None and line.split()[1:2] == [self._cut_on_reply]:
+                    self.stats.dropped_acks += 1
+                    self._cut()
+                    return
                 if self._acks_to_drop > 0 and _is_puback(line, payload):
                     self._acks_to_drop -= 1
                     self.stats.dropped_acks += 1
@@ -197,7 +212,7 @@ class NatsProxy:
         self._end(link)
 
     def _cut(self) -> None:
-        self._publishes_before_cut = None
+        self._cut_on_reply = None
         self.stats.cuts += 1
         for link in list(self._links):
             self._end(link)
