@@ -240,10 +240,10 @@ async def test_a_missing_stream_dead_letters_nothing_and_opens_the_breaker(
         assert await pending(conn) == 20
         assert await dead(conn) == {}
         errors = await conn.fetch("SELECT DISTINCT last_error FROM relayd.outbox")
+        # The stream's configuration decides each route's dedupe mode: it is read first.
         assert {row["last_error"] for row in errors} <= {
             None,
-            "no responders on events.orders: no stream stores it, or JetStream is not ready "
-            "(check the stream and its subjects against sink.routes)",
+            "stream EVENTS not found (create it: docs/operations.md#nats)",
         }
         await add_stream(js)
         await eventually(lambda: drained(conn))
@@ -296,8 +296,12 @@ async def test_check_reports_the_stream_the_routes_and_the_window(
     assert lines["sink"].detail == (
         f"{nats_server.url} stream EVENTS: JetStream answers (API level "
         + lines["sink"].detail.split("API level ")[1].split(")")[0]
-        + "); stream EVENTS takes every route's subject; duplicate window 30s; "
-        "max_payload 1048576; an unanswered attempt is re-sent with the same id (at least once)"
+        + "); stream EVENTS takes every route's subject; duplicate window 30s, retry "
+        "horizon 40.3s (window-mode routes: an unanswered attempt retried past the window is "
+        "handled by sink.past_window = resend); max_payload 1048576; modes: events.orders "
+        "window, events.orders.v2 window (atomic markers need the stream's allow_atomic and "
+        "its subject relayd.markers.*); an unanswered attempt is re-sent with the same id (at "
+        "least once)"
     )
     routes = [*ROUTES, {"type": "mail.sent", "subject": "mail.sent"}]
     lines = {

@@ -24,8 +24,8 @@ from relayd.sinks.nats_answers import (
     classify_stored,
     reply_code,
     stream_verdict,
-    subject_matches,
 )
+from relayd.sinks.nats_dedupe import subject_matches
 
 ID = "019539a4-aaaa-7000-8000-111111111111"
 SUBJECT = "events.orders"
@@ -377,7 +377,11 @@ def _stream_info(subjects: list[str], window_ns: int = 120_000_000_000) -> bytes
             (
                 True,
                 "JetStream answers (API level 5); stream EVENTS takes every route's subject; "
-                "duplicate window 120s; max_payload 1048576",
+                "duplicate window 120s, retry horizon 300s (window-mode routes: an unanswered "
+                "attempt retried past the window is handled by sink.past_window = resend); "
+                "max_payload 1048576; modes: events.mail window, events.orders window "
+                "(atomic markers need the stream's allow_atomic and its subject "
+                "relayd.markers.*)",
             ),
         ),
         (
@@ -429,9 +433,12 @@ def test_check_reports_the_stream_against_the_routes(
             account,
             stream,
             stream_name="EVENTS",
-            subjects=["events.mail", "events.orders"],
+            routes=["events.mail", "events.orders"],
             max_payload=1024 * 1024,
             max_body_bytes=max_body,
+            marker_prefix="relayd.markers",
+            horizon_s=300.0,
+            past_window="resend",
         )
         == expected
     )

@@ -237,7 +237,11 @@ def test_the_example_documents_the_nats_keys_and_its_section_loads(tmp_path: Pat
         lines.append(f"{key} = '{secrets[key]}'" if key in secrets else match.group(1))
     sink = _load(tmp_path, "\n".join(lines) + "\n")
     assert sink.stream == "EVENTS"
-    assert len(sink.routes) == 2
+    assert [route.subject for route in sink.routes] == [
+        "events.orders",
+        "events.orders.v2",
+        "events.payments.{id}",
+    ]
     assert sink.user == "relayd"
 
 
