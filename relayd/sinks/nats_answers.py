@@ -70,6 +70,8 @@ _RETRY: Mapping[int, str] = {
     ATOMIC_DISABLED: "atomic publish is disabled on the stream (its configuration changed: "
     "relayd reads it again)",
     10176: "the atomic batch arrived incomplete",
+    10177: "the server refuses a header inside an atomic batch (nats-server 2.12.0 refuses "
+    "Nats-Msg-Id there: upgrade it, or turn allow_atomic off)",
 }
 _NO_MESSAGE = 10037
 _STREAM_NOT_FOUND = 10059
@@ -401,8 +403,8 @@ def _marker_hint(facts: StreamFacts, marker_prefix: str, modes: Mapping[str, str
     """Why window mode, where a setting of the stream would give atomic markers."""
     if "window" not in modes.values():
         return ""
-    if facts.api_level < ATOMIC_API_LEVEL:
-        return " (atomic markers need nats-server 2.12+, JetStream API level 2)"
+    if facts.api_level < ATOMIC_API_LEVEL or (facts.allow_atomic and not facts.atomic):
+        return " (atomic markers need nats-server 2.12.1+, JetStream API level 2)"
     wanted = marker_pattern(marker_prefix)
     if not facts.allow_atomic:
         return f" (atomic markers need the stream's allow_atomic and its subject {wanted})"

@@ -9,9 +9,10 @@ Modes, chosen per route, the first that applies:
 - `id_in_subject`: the route's subject holds the event id (`{id}`); the event is sent with
   `Nats-Expected-Last-Subject-Sequence: 0`, which every JetStream server honours: a second
   store of the subject is refused, at any time.
-- `atomic_marker`: the server reports JetStream API level 2 or more (2.12+) and the stream
-  echoes `allow_atomic: true` and takes the marker subjects; a marker on `<prefix>.<id>`,
-  expecting sequence 0, and the event travel in one atomic batch: both are stored or neither.
+- `atomic_marker`: the server reports JetStream API level 2 or more and version 2.12.1 or
+  later, and the stream echoes `allow_atomic: true` and takes the marker subjects; a marker
+  on `<prefix>.<id>`, expecting sequence 0, and the event travel in one atomic batch: both
+  are stored or neither.
 - `window`: the stream's `duplicate_window` alone; past it, `sink.past_window` decides.
 
 Features are taken from what the server says, never from the absence of an error: an old
@@ -38,8 +39,13 @@ BATCH_SEQ = "Nats-Batch-Sequence"
 BATCH_COMMIT = "Nats-Batch-Commit"
 # Atomic batch publish came with nats-server 2.12, JetStream API level 2 (the server's
 # jetstream_versioning.go: "Atomic batch publishing was added in v2.12 and require API
-# level 2"). A server before 2.11 reports no level at all: level 0.
+# level 2"). A server before 2.11 reports no level at all: level 0. 2.12.0 reports level 2
+# too but refuses a Nats-Msg-Id inside a batch (error 10177, lifted in 2.12.1): the server's
+# version, which the stream's echoed metadata carries (`_nats.ver`, 2.11+), must say 2.12.1
+# or later.
 ATOMIC_API_LEVEL = 2
+ATOMIC_MIN_VERSION = (2, 12, 1)
+_VERSION_KEY = "_nats.ver"
 # The error a publish expecting a subject's last sequence gets when the subject holds one.
 WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 ATOMIC_DISABLED = 10174
@@ -61,6 +67,17 @@ class StreamFacts:
     allow_atomic: bool
     duplicate_window_s: float | None
     subjects: tuple[str, ...]
+    version: tuple[int, int, int] | None = None
+
+    @property
+    def atomic(self) -> bool:
+        """Whether the server and the stream take atomic batches with message ids."""
+        return (
+            self.api_level >= ATOMIC_API_LEVEL
+            and self.version is not None
+            and self.version >= ATOMIC_MIN_VERSION
+            and self.allow_atomic
+        )
 
     def takes(self, subject: str) -> bool:
         """Whether the stream stores `subject` (a `*` token in it stands for any token)."""
@@ -75,6 +92,8 @@ def stream_facts(account: Mapping[str, Any], stream: Mapping[str, Any]) -> Strea
     config = stream.get("config")
     config = config if isinstance(config, dict) else {}
     window, subjects = config.get("duplicate_window"), config.get("subjects")
+    metadata = config.get("metadata")
+    version = metadata.get(_VERSION_KEY) if isinstance(metadata, dict) else None
     return StreamFacts(
         api_level=level if _int(level) and level > 0 else 0,
         allow_atomic=config.get("allow_atomic") is True,
@@ -82,7 +101,18 @@ def stream_facts(account: Mapping[str, Any], stream: Mapping[str, Any]) -> Strea
         subjects=tuple(s for s in subjects if isinstance(s, str))
         if isinstance(subjects, list)
         else (),
+        version=_version(version),
     )
+
+
+def _version(text: object) -> tuple[int, int, int] | None:
+    """`2.15.1` (or `2.12.0-RC.1`, read as 2.12.0) as numbers; None for anything else."""
+    if not isinstance(text, str):
+        return None
+    parts = text.split("-", 1)[0].split(".")
+    if len(parts) != len(ATOMIC_MIN_VERSION) or not all(part.isdigit() for part in parts):
+        return None
+    return int(parts[0]), int(parts[1]), int(parts[2])
 
 
 def marker_pattern(prefix: str) -> str:
@@ -94,11 +124,7 @@ def mode_for(route_subject: str, facts: StreamFacts, *, marker_prefix: str) -> M
     """The mode a route runs in (the module docstring's order)."""
     if ID_TOKEN in route_subject.split("."):
         return Mode.ID_IN_SUBJECT
-    if (
-        facts.api_level >= ATOMIC_API_LEVEL
-        and facts.allow_atomic
-        and facts.takes(marker_pattern(marker_prefix))
-    ):
+    if facts.atomic and facts.takes(marker_pattern(marker_prefix)):
         return Mode.ATOMIC_MARKER
     return Mode.WINDOW
 

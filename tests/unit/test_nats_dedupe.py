@@ -52,10 +52,18 @@ def _reply(value: Any) -> bytes:
 
 
 def _facts(
-    level: int = 5, *, atomic: bool = True, subjects: tuple[str, ...] = ("events.>", "relayd.>")
+    level: int = 5,
+    *,
+    atomic: bool = True,
+    subjects: tuple[str, ...] = ("events.>", "relayd.>"),
+    version: tuple[int, int, int] | None = (2, 15, 1),
 ) -> StreamFacts:
     return StreamFacts(
-        api_level=level, allow_atomic=atomic, duplicate_window_s=120.0, subjects=subjects
+        api_level=level,
+        allow_atomic=atomic,
+        duplicate_window_s=120.0,
+        subjects=subjects,
+        version=version,
     )
 
 
@@ -65,8 +73,20 @@ def _facts(
         # nats-server 2.15 with an atomic stream.
         (
             {"api": {"level": 5, "total": 3}},
-            {"config": {"subjects": ["e.>"], "allow_atomic": True, "duplicate_window": 10**9}},
-            StreamFacts(5, True, 1.0, ("e.>",)),
+            {
+                "config": {
+                    "subjects": ["e.>"],
+                    "allow_atomic": True,
+                    "duplicate_window": 10**9,
+                    "metadata": {"_nats.ver": "2.15.1", "_nats.level": "5"},
+                }
+            },
+            StreamFacts(5, True, 1.0, ("e.>",), (2, 15, 1)),
+        ),
+        (
+            {"api": {"level": 2}},
+            {"config": {"metadata": {"_nats.ver": "2.12.0-RC.6"}}},
+            StreamFacts(2, False, None, (), (2, 12, 0)),
         ),
         # nats-server 2.9: no API level, no allow_atomic in the echoed config.
         (
@@ -77,7 +97,14 @@ def _facts(
         # Anything of another type counts as not supported.
         (
             {"api": {"level": True}},
-            {"config": {"subjects": "e.>", "allow_atomic": "true", "duplicate_window": "2m"}},
+            {
+                "config": {
+                    "subjects": "e.>",
+                    "allow_atomic": "true",
+                    "duplicate_window": "2m",
+                    "metadata": {"_nats.ver": "v2"},
+                }
+            },
             StreamFacts(0, False, None, ()),
         ),
         ({}, {}, StreamFacts(0, False, None, ())),
@@ -110,6 +137,10 @@ def test_facts_that_cannot_be_read_are_the_sinks_failure() -> None:
         ("events.{id}.created", _facts(0, atomic=False), Mode.ID_IN_SUBJECT),
         ("events.orders", _facts(), Mode.ATOMIC_MARKER),
         ("events.orders", _facts(2), Mode.ATOMIC_MARKER),
+        ("events.orders", _facts(2, version=(2, 12, 1)), Mode.ATOMIC_MARKER),
+        # 2.12.0 reports level 2 but refuses Nats-Msg-Id inside a batch; no version: no batch.
+        ("events.orders", _facts(2, version=(2, 12, 0)), Mode.WINDOW),
+        ("events.orders", _facts(5, version=None), Mode.WINDOW),
         # A 2.11 server (level 1), or a server that reports no level (2.9, 2.10).
         ("events.orders", _facts(1), Mode.WINDOW),
         ("events.orders", _facts(0), Mode.WINDOW),
@@ -125,7 +156,8 @@ def test_each_route_runs_in_the_first_mode_that_applies(
     route: str, facts: StreamFacts, expected: Mode
 ) -> None:
     """The id in the subject on any server; else atomic markers where the server (API level
-    2+) and the stream (allow_atomic, the marker subjects) say so; else the window."""
+    2+, version 2.12.1+) and the stream (allow_atomic, the marker subjects) say so; else
+    the window."""
     assert mode_for(route, facts, marker_prefix=PREFIX) is expected
 
 
