@@ -35,6 +35,7 @@ from relayd.models import (
     NotStarted,
     Outcome,
     Published,
+    RetryLater,
     SinkDown,
 )
 from relayd.sinks import Capabilities, ExchangeObserver, SinkHealth
@@ -52,6 +53,8 @@ from relayd.sinks.nats_answers import (
 )
 from relayd.sinks.nats_dedupe import (
     ATOMIC_DISABLED,
+    BATCH_DUPLICATE_ID,
+    EXPECTED_LAST_SUBJECT_SEQ,
     MarkerFound,
     Mode,
     StreamFacts,
@@ -188,9 +191,7 @@ class NatsSink:
 
     # --- one row ---
 
-    async def _publish_row(  # noqa: PLR0911 - a row ends in one of several ways, each told
-        self, row: ClaimedRow, envelope: Envelope, send_by: float
-    ) -> Outcome:
+    async def _publish_row(self, row: ClaimedRow, envelope: Envelope, send_by: float) -> Outcome:
         message = message_for(
             envelope,
             self._routes,
@@ -212,27 +213,33 @@ class NatsSink:
         if asyncio.get_running_loop().time() > send_by:
             return NotStarted()
         if mode is Mode.ATOMIC_MARKER:
-            return self._noted(await self._publish_batch(client, message, row.event_id))
-        if mode is Mode.ID_IN_SUBJECT:
-            message = expecting_new_subject(message)
+            outcome = await self._publish_batch(client, message, row.event_id, send_by)
+        elif mode is Mode.ID_IN_SUBJECT:
+            outcome = await self._publish_one(client, expecting_new_subject(message), row.event_id)
+        else:
+            outcome = await self._publish_one(client, message, row.event_id)
+        return self._noted(outcome)
+
+    async def _publish_one(self, client: Client, message: NatsMessage, event_id: str) -> Outcome:
+        """The event alone; a publish expecting its subject empty learns whether it is."""
         reply = await self._request(client, message)
         if not isinstance(reply, Msg):
-            return self._noted(reply)
+            return reply
         answer = classify_ack(
             reply.data,
             stream=self._stream,
             subject=message.subject,
-            guarded=mode is Mode.ID_IN_SUBJECT,
+            guarded=EXPECTED_LAST_SUBJECT_SEQ in message.headers,
         )
         if isinstance(answer, Duplicate):
             self._note("publish", "duplicate")
-            return self._noted(await self._read_back(client, answer.seq, message, row.event_id))
+            return await self._read_back(client, answer.seq, message, event_id)
         self._note("publish", "ok" if isinstance(answer, Published) else reply_code(reply.data))
         if isinstance(answer, Taken):
             # The event's own subject holds a message: ours, stored by an earlier attempt
             # at any time before, or another's (a conflict).
-            return self._noted(await self._read_last(client, message, row.event_id))
-        return self._noted(answer)
+            return await self._read_last(client, message, event_id)
+        return answer
 
     async def _mode(self, client: Client, row: ClaimedRow, message: NatsMessage) -> Mode | Outcome:
         """The route's dedupe mode (nats_dedupe), or why the row goes no further: the
@@ -286,7 +293,9 @@ class NatsSink:
             self._note("publish", "timeout")  # the attempt's deadline cut the exchange
             raise
 
-    async def _publish_batch(self, client: Client, message: NatsMessage, event_id: str) -> Outcome:
+    async def _publish_batch(  # noqa: PLR0911 - each answer to a batch is told apart
+        self, client: Client, message: NatsMessage, event_id: str, send_by: float
+    ) -> Outcome:
         """The marker and the event in one atomic batch: the marker goes first without a
         reply (the server answers only the commit), the event commits and is answered."""
         marker, event = atomic_batch(
@@ -309,6 +318,16 @@ class NatsSink:
         self._note("publish", "ok" if isinstance(answer, Published) else code)
         if code == str(ATOMIC_DISABLED):
             self._facts = None  # the stream's configuration changed: read it again
+        if code == str(BATCH_DUPLICATE_ID):
+            # The stream holds the event's id, within its window, from a publish outside a
+            # batch (before this route ran in this mode): the batch stored nothing. The
+            # event alone gets the duplicate's PubAck, with the sequence to read back.
+            if asyncio.get_running_loop().time() > send_by:
+                return RetryLater(
+                    f"the stream holds this event's id from a publish outside a batch "
+                    f"(JetStream error {BATCH_DUPLICATE_ID}); the next attempt sends it alone"
+                )
+            return await self._publish_one(client, message, event_id)
         if isinstance(answer, Duplicate):  # a batch's answer never says so; kept honest
             return await self._read_back(client, answer.seq, message, event_id)
         if not isinstance(answer, Taken):

@@ -49,6 +49,9 @@ _VERSION_KEY = "_nats.ver"
 # The error a publish expecting a subject's last sequence gets when the subject holds one.
 WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 ATOMIC_DISABLED = 10174
+# A batch holding a Nats-Msg-Id the stream still has in its window (the answer names no
+# sequence).
+BATCH_DUPLICATE_ID = 10201
 _NANOSECONDS = 1e9
 
 

@@ -357,8 +357,8 @@ accounts {
       {
         user: relayd, password: relay-pw,
         permissions: {
-          publish: {allow: ["events.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.EVENTS",
-                            "$JS.API.STREAM.MSG.GET.EVENTS"]}
+          publish: {allow: ["events.>", "relayd.markers.*", "$JS.API.INFO",
+                            "$JS.API.STREAM.INFO.EVENTS", "$JS.API.STREAM.MSG.GET.EVENTS"]}
           subscribe: {allow: ["_INBOX.>"]}
         }
       }
@@ -372,13 +372,18 @@ async def test_the_documented_permissions_are_enough(
     database: Database, conn: asyncpg.Connection, tmp_path: Path
 ) -> None:
     """docs/operations.md#nats: a NATS user with only the documented permissions passes
-    `relayd check`, publishes, and reads a duplicate back."""
+    `relayd check`, publishes events with their atomic markers, and reads a duplicate back
+    (an event stored outside a batch: the batch is refused, the event alone reconciled)."""
     password = tmp_path / "password"
     password.write_text("relay-pw\n")
     with NatsServer(config=RELAY_PERMISSIONS) as server:
         admin = await nats.connect(server.url, user="admin", password="admin-pw")  # noqa: S106 - the test server's own
         try:
-            await add_stream(admin)
+            await admin.jetstream().add_stream(
+                StreamConfig(
+                    name=STREAM, subjects=["events.>", "relayd.markers.*"], allow_atomic=True
+                )
+            )
             ids = await commit(conn, [event(n) for n in range(10)])
             await admin.jetstream().publish(
                 "events.orders", b'{"order_id":3}', headers={"Nats-Msg-Id": ids[3]}
@@ -391,7 +396,10 @@ async def test_the_documented_permissions_are_enough(
             daemon = await run_until_idle(settings)
             assert await drained(conn)
             assert await dead(conn) == {}
-            assert len(await stored(admin)) == 10
+            messages = await stored(admin)
+            events = [m for m in messages if m["subject"].startswith("events.")]
+            assert sorted(m["headers"]["Nats-Msg-Id"] for m in events) == sorted(ids)
+            assert len(messages) == 10 + 9  # a marker for each event relayd stored
         finally:
             await admin.close()
     reconciled = daemon.metrics.registry.get_sample_value(
