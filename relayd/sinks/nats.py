@@ -1,6 +1,8 @@
 """The NATS sink's transport: one nats-py connection per process, a JetStream publish per
-row (the relay runs a claim's rows concurrently, up to `sink.concurrency`), the stored
-message read back after a duplicate's PubAck, and `relayd check`'s look at the stream.
+row (the relay runs a claim's rows concurrently, up to `sink.concurrency`) in its route's
+dedupe mode (the event alone, expecting its own subject empty, or in an atomic batch with
+its marker: `relayd/sinks/nats_dedupe.py`), the stored message read back after a
+duplicate's PubAck or a "wrong last sequence", and `relayd check`'s look at the stream.
 
 What each answer means is decided in `relayd/sinks/nats_answers.py`, what is sent in
 `relayd/sinks/nats_message.py`; nats-py's exceptions stop here, turned into outcome values.
@@ -121,13 +123,15 @@ class NatsSink:
         self._closing = False
         # What the server and the stream reported, and until when (clock) it is trusted.
         self._facts: tuple[float, StreamFacts] | None = None
+        self._facts_failure: tuple[float, SinkDown] | None = None
         self._facts_lock = asyncio.Lock()
 
     @property
     def capabilities(self) -> Capabilities:
         # One request per row: the relay runs them concurrently. A stream is asked by
-        # sequence, never by message id, so an unanswered publish is re-sent with the same
-        # id and JetStream's duplicate window deduplicates it (docs/nats.md#deduplication).
+        # sequence or subject, never by message id, so an unanswered publish is re-sent with
+        # the same id; the route's mode keeps the stream from storing it twice, or the
+        # window and sink.past_window decide (docs/nats.md#deduplication).
         return Capabilities(batches=False, reconcile_by_id=False)
 
     async def start(self) -> None:
@@ -406,13 +410,18 @@ class NatsSink:
             known = self._facts
             if known is not None and known[0] > asked_at:
                 return known[1]
+            failed = self._facts_failure
+            if failed is not None and failed[0] >= asked_at:
+                return failed[1]  # decided while this row waited: shared, not asked again
             account = await self._api(client, "account_info", f"{API_PREFIX}.INFO", b"")
             stream = await self._api(
                 client, "stream_info", f"{API_PREFIX}.STREAM.INFO.{self._stream}", b""
             )
             facts = read_facts(account, stream, stream_name=self._stream)
             if isinstance(facts, StreamFacts):
-                self._facts = (self._clock() + _FACTS_TTL_S, facts)
+                self._facts, self._facts_failure = (self._clock() + _FACTS_TTL_S, facts), None
+            else:
+                self._facts_failure = (self._clock(), facts)
             return facts
 
     async def _api(
