@@ -224,9 +224,10 @@ def classify_marker_reply(reply: bytes, *, message: NatsMessage) -> Outcome | Ma
 
 
 def classify_batch_event(reply: bytes, *, marker_seq: int, body: bytes, event_id: str) -> Outcome:
-    """The message after our marker: the batch stored the event there, so ours is
-    published; another message there cannot be (sequences follow within a batch) and is
-    not taken as proof; nothing there is an event the stream's limits removed since."""
+    """The message after our marker, where its batch stored the event (a batch's sequences
+    follow one another): ours is published (reconciled); another there, which a committed
+    batch cannot leave, is never taken as ours (a conflict); nothing there is our event,
+    removed since by the stream's limits or an operator (published: it was stored)."""
     return classify_stored(
         reply, seq=marker_seq + 1, body=body, event_id=event_id, gone=BATCH_EVENT_GONE
     )

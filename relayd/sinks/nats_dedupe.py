@@ -25,7 +25,7 @@ import dataclasses
 import enum
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -162,6 +162,7 @@ def past_window(
 
 
 def past_window_dead_letter(age_s: float, window_s: float | None) -> DeadLetter:
+    """The row's dead letter under `sink.past_window = "dead_letter"`, saying why."""
     window = f"{window_s:g}s" if window_s is not None else "unknown"
     return DeadLetter(
         DeadReason.PAST_WINDOW,
@@ -257,13 +258,6 @@ def subject_matches(pattern: str, subject: str) -> bool:
         if index >= len(tokens) or (part != "*" and part != tokens[index]):
             return False
     return len(tokens) == len(wanted)
-
-
-def route_modes(
-    routes: Sequence[str], facts: StreamFacts, *, marker_prefix: str
-) -> dict[str, Mode]:
-    """Each route subject's mode, for `relayd check`."""
-    return {subject: mode_for(subject, facts, marker_prefix=marker_prefix) for subject in routes}
 
 
 def _int(value: object) -> TypeGuard[int]:

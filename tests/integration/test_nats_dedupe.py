@@ -56,6 +56,7 @@ def server(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> I
 
 @pytest.fixture
 async def client(server: Server) -> AsyncIterator[Client]:
+    """A client of the test's server (to create the stream and read it back)."""
     connected = await nats.connect(server.url)
     yield connected
     await connected.close()

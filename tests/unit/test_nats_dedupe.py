@@ -162,6 +162,7 @@ def test_each_route_runs_in_the_first_mode_that_applies(
 
 
 def test_a_route_with_the_id_is_taken_by_a_wildcard() -> None:
+    """`relayd check`: a stream takes a route with `{id}` when it takes any token there."""
     assert as_pattern("events.orders.{id}") == "events.orders.*"
     assert _facts(subjects=("events.orders.*",)).takes(as_pattern("events.orders.{id}"))
     assert not _facts(subjects=("events.orders.x",)).takes(as_pattern("events.orders.{id}"))
@@ -187,6 +188,7 @@ def test_a_row_is_past_the_window_when_its_age_may_exceed_it(
 
 
 def test_past_the_window_dead_letters_with_its_own_reason() -> None:
+    """`sink.past_window = "dead_letter"`: the reason `past_window`, the age and window named."""
     refused = past_window_dead_letter(130.4, 120.0)
     assert refused.reason is DeadReason.PAST_WINDOW
     assert "130s old, past the stream's duplicate window (120s)" in refused.error
@@ -200,6 +202,7 @@ def test_the_retry_horizon_adds_every_backoff_ceiling_and_lease() -> None:
 
 
 def test_the_id_in_the_subject_expects_the_subject_empty() -> None:
+    """The event itself expects sequence 0 on its own subject; nothing else changes."""
     guarded = expecting_new_subject(MESSAGE)
     assert guarded.headers == {MSG_ID: ID, EXPECTED_LAST_SUBJECT_SEQ: "0"}
     assert (guarded.subject, guarded.body, guarded.route) == (
