@@ -211,7 +211,7 @@ class NatsSink:
         refused = self._over_max_payload(client, message)
         if refused is not None:
             return self._noted(refused) if isinstance(refused, SinkDown) else refused
-        mode = await self._mode(client, row, message)
+        mode = await self._mode(client, row, message, send_by)
         if not isinstance(mode, Mode):
             return mode
         if asyncio.get_running_loop().time() > send_by:
@@ -242,13 +242,16 @@ class NatsSink:
         if isinstance(answer, Taken):
             # The event's own subject holds a message: ours, stored by an earlier attempt
             # at any time before, or another's (a conflict).
-            return await self._read_last(client, message, event_id)
+            return await self._read_back(client, None, message, event_id)
         return answer
 
-    async def _mode(self, client: Client, row: ClaimedRow, message: NatsMessage) -> Mode | Outcome:
+    async def _mode(
+        self, client: Client, row: ClaimedRow, message: NatsMessage, send_by: float
+    ) -> Mode | Outcome:
         """The route's dedupe mode (nats_dedupe), or why the row goes no further: the
         server's facts cannot be read (the sink's failure), or the row is past the window
-        and `sink.past_window` dead-letters it."""
+        and `sink.past_window` dead-letters it (decided, like a re-send's warning, only for
+        a row still due to be sent)."""
         if not needs_facts(message.route):
             return Mode.ID_IN_SUBJECT
         facts = await self._stream_facts(client)
@@ -261,6 +264,8 @@ class NatsSink:
             window_s=facts.duplicate_window_s,
             margin_s=self._settings.timeout_s,
         ):
+            if asyncio.get_running_loop().time() > send_by:
+                return NotStarted()
             refused = self._past_window(row, facts)
             if refused is not None:
                 return refused
@@ -377,21 +382,15 @@ class NatsSink:
         return None
 
     async def _read_back(
-        self, client: Client, seq: int, message: NatsMessage, event_id: str
+        self, client: Client, seq: int | None, message: NatsMessage, event_id: str
     ) -> Outcome:
-        """The message the stream holds at `seq` (the one a duplicate's PubAck names),
-        compared with ours."""
-        reply = await self._msg_get(client, {"seq": seq})
+        """The message the stream holds at `seq` (the one a duplicate's PubAck names), or
+        last on the event's own subject (`seq` None), compared with ours."""
+        where = {"seq": seq} if seq is not None else {"last_by_subj": message.subject}
+        reply = await self._msg_get(client, where)
         if isinstance(reply, SinkDown):
             return reply
         return classify_stored(reply, seq=seq, body=message.body, event_id=event_id)
-
-    async def _read_last(self, client: Client, message: NatsMessage, event_id: str) -> Outcome:
-        """The last message on the event's own subject, compared with ours."""
-        reply = await self._msg_get(client, {"last_by_subj": message.subject})
-        if isinstance(reply, SinkDown):
-            return reply
-        return classify_stored(reply, seq=None, body=message.body, event_id=event_id)
 
     async def _msg_get(self, client: Client, request: dict[str, Any]) -> bytes | SinkDown:
         return await self._api(
