@@ -50,6 +50,8 @@ def server(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> I
         if not DEBIAN_SERVER.is_file():
             missing(str(DEBIAN_SERVER), "nats-server", "the 2.9 server feature gating is tested on")
         monkeypatch.setenv(SERVER_ENV_VAR, str(DEBIAN_SERVER))
+    else:
+        monkeypatch.delenv(SERVER_ENV_VAR, raising=False)  # the wheel's, whatever is set
     with NatsServer() as running:
         yield Server(running, old)
 
