@@ -45,7 +45,7 @@ class Capabilities:
         """What an ambiguous outcome means with this sink, in one clause (`relayd check`)."""
         if self.reconcile_by_id:
             return "an unanswered attempt is looked up by id before any re-send"
-        return "an unanswered attempt is re-sent with the same id (at least once)"
+        return "an unanswered attempt is re-sent with the same id, for the destination to dedupe"
 
 
 class SinkHealth(Protocol):

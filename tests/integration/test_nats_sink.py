@@ -300,8 +300,8 @@ async def test_check_reports_the_stream_the_routes_and_the_window(
         "horizon 40.3s (window-mode routes: an unanswered attempt retried past the window is "
         "handled by sink.past_window = resend); max_payload 1048576; modes: events.orders "
         "window, events.orders.v2 window (atomic markers need the stream's allow_atomic and "
-        "its subject relayd.markers.*); an unanswered attempt is re-sent with the same id (at "
-        "least once)"
+        "its subject relayd.markers.*); an unanswered attempt is re-sent with the same id, for "
+        "the destination to dedupe"
     )
     routes = [*ROUTES, {"type": "mail.sent", "subject": "mail.sent"}]
     lines = {
