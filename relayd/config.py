@@ -36,6 +36,7 @@ from pydantic_settings import (
 from relayd.dsn import check_dsn, redact_dsn
 from relayd.errors import ConfigError
 from relayd.models import OutboxTable
+from relayd.retry import retry_horizon_s
 from relayd.sections import MAX_DURATION_S, KeyedError, Section, read_secret
 from relayd.sinks import SinkSettings, registry
 
@@ -258,6 +259,15 @@ class Settings(BaseSettings):
                 "relay.lease_s",
                 f"must be greater than 2 x sink.timeout_s ({2 * self.sink.timeout_s:g})",
             )
+        self.sink.plan_retries(
+            retry_horizon_s(
+                base_s=self.retry.base_s,
+                cap_s=self.retry.cap_s,
+                max_attempts=self.retry.max_attempts,
+                lease_s=self.relay.lease_s,
+                timeout_s=self.sink.timeout_s,
+            )
+        )
         return self
 
     @property

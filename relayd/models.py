@@ -89,6 +89,9 @@ class DeadReason(enum.StrEnum):
     SINK_UNPROCESSABLE = "sink_unprocessable"  # 422 validation_error / unsupported
     CONFLICT = "conflict"  # the id holds a different job on the sink (C2)
     NO_ROUTE = "no_route"  # the sink has no destination for the event's type (NATS routes)
+    # A re-send could store the event twice: an earlier attempt may have stored it, and the
+    # sink's dedupe has forgotten its id since (NATS, sink.past_window = "dead_letter").
+    PAST_WINDOW = "past_window"
     MAX_ATTEMPTS = "max_attempts"
     # Set by an operator, never by the relay: a row held by a pause, discarded from there
     # (`relayd held discard`). Such a row is marked discarded at once.

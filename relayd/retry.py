@@ -179,3 +179,16 @@ class CircuitBreaker:
         self._retry_at = self._clock() + self.cooldown_s
         self.state = BreakerState.OPEN
         self.proven = False
+
+
+def retry_horizon_s(
+    *, base_s: float, cap_s: float, max_attempts: int, lease_s: float, timeout_s: float
+) -> float:
+    """The longest time from a row's first attempt to its last while the sink answers:
+    every backoff at its ceiling, and each attempt ending no later than its lease (a relay
+    that dies mid-attempt leaves the row until the lease expires). A breaker outage adds
+    its own length, which has no bound: rows wait, attempts refunded."""
+    total = 0.0
+    for attempt in range(1, max_attempts):
+        total += min(cap_s, base_s * 2.0 ** min(attempt - 1, 64)) + max(lease_s, timeout_s)
+    return total

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from relayd.models import ClaimedRow, Envelope, NotFound, Outcome
 from relayd.sections import MAX_DURATION_S, Section
@@ -45,7 +45,7 @@ class Capabilities:
         """What an ambiguous outcome means with this sink, in one clause (`relayd check`)."""
         if self.reconcile_by_id:
             return "an unanswered attempt is looked up by id before any re-send"
-        return "an unanswered attempt is re-sent with the same id (at least once)"
+        return "an unanswered attempt is re-sent with the same id, for the destination to dedupe"
 
 
 class SinkHealth(Protocol):
@@ -123,6 +123,19 @@ class SinkSettings(Section):
     # systemd credentials this kind reads when the unit passes them: the `*_file` key to
     # fill, then the credential's name and every key that must be unset for it to be used.
     credentials: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+
+    # The longest time from a row's first attempt to its last, from the retry and relay
+    # settings (set by the whole configuration; None for a sink built alone). A sink whose
+    # dedupe forgets ids after a while weighs it in `relayd check`.
+    _retry_horizon_s: float | None = PrivateAttr(default=None)
+
+    @property
+    def retry_horizon_s(self) -> float | None:
+        return self._retry_horizon_s
+
+    def plan_retries(self, horizon_s: float) -> None:
+        """Tell the sink settings relayd's retry horizon (see `_retry_horizon_s`)."""
+        self._retry_horizon_s = horizon_s
 
     @property
     def target(self) -> str:

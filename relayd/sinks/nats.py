@@ -1,6 +1,8 @@
 """The NATS sink's transport: one nats-py connection per process, a JetStream publish per
-row (the relay runs a claim's rows concurrently, up to `sink.concurrency`), the stored
-message read back after a duplicate's PubAck, and `relayd check`'s look at the stream.
+row (the relay runs a claim's rows concurrently, up to `sink.concurrency`) in its route's
+dedupe mode (the event alone, expecting its own subject empty, or in an atomic batch with
+its marker: `relayd/sinks/nats_dedupe.py`), the stored message read back after a
+duplicate's PubAck or a "wrong last sequence", and `relayd check`'s look at the stream.
 
 What each answer means is decided in `relayd/sinks/nats_answers.py`, what is sent in
 `relayd/sinks/nats_message.py`; nats-py's exceptions stop here, turned into outcome values.
@@ -15,12 +17,14 @@ import contextlib
 import json
 import ssl
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import nats
 import nats.errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from relayd import __version__
 from relayd.logs import get_logger
@@ -33,17 +37,36 @@ from relayd.models import (
     NotStarted,
     Outcome,
     Published,
+    RetryLater,
     SinkDown,
 )
 from relayd.sinks import Capabilities, ExchangeObserver, SinkHealth
 from relayd.sinks.nats_answers import (
     Duplicate,
     classify_ack,
+    classify_batch_event,
     classify_connect_failure,
     classify_exception,
+    classify_marker_reply,
     classify_stored,
+    read_facts,
     reply_code,
     stream_verdict,
+)
+from relayd.sinks.nats_dedupe import (
+    ATOMIC_DISABLED,
+    BATCH_DUPLICATE_ID,
+    EXPECTED_LAST_SUBJECT_SEQ,
+    MarkerFound,
+    Mode,
+    StreamFacts,
+    Taken,
+    atomic_batch,
+    expecting_new_subject,
+    mode_for,
+    needs_facts,
+    past_window,
+    past_window_dead_letter,
 )
 from relayd.sinks.nats_message import NatsMessage, Route, Routes, message_for
 from relayd.sinks.nats_settings import NatsSettings
@@ -54,6 +77,9 @@ API_PREFIX = "$JS.API"
 _PING_INTERVAL_S = 10
 _MAX_OUTSTANDING_PINGS = 2
 _RECONNECT_WAIT_S = 1
+# How long the server's API level and the stream's configuration are trusted before they are
+# read again (an operator may change the window or allow_atomic at any time).
+_FACTS_TTL_S = 60.0
 
 
 class NatsSink:
@@ -95,12 +121,17 @@ class NatsSink:
         self._severe_error: BaseException | None = None
         self._last_logged = ""
         self._closing = False
+        # What the server and the stream reported, and until when (clock) it is trusted.
+        self._facts: tuple[float, StreamFacts] | None = None
+        self._facts_failure: tuple[float, SinkDown] | None = None
+        self._facts_lock = asyncio.Lock()
 
     @property
     def capabilities(self) -> Capabilities:
         # One request per row: the relay runs them concurrently. A stream is asked by
-        # sequence, never by message id, so an unanswered publish is re-sent with the same
-        # id and JetStream's duplicate window deduplicates it (docs/nats.md#deduplication).
+        # sequence or subject, never by message id, so an unanswered publish is re-sent with
+        # the same id; the route's mode keeps the stream from storing it twice, or the
+        # window and sink.past_window decide (docs/nats.md#deduplication).
         return Capabilities(batches=False, reconcile_by_id=False)
 
     async def start(self) -> None:
@@ -154,16 +185,17 @@ class NatsSink:
             account,
             stream,
             stream_name=self._stream,
-            subjects=self._routes.subjects,
+            routes=self._routes.subjects,
             max_payload=client.max_payload,
             max_body_bytes=self._settings.max_payload_bytes,
+            marker_prefix=self._settings.marker_prefix,
+            horizon_s=self._settings.retry_horizon_s,
+            past_window=self._settings.past_window,
         )
 
     # --- one row ---
 
-    async def _publish_row(  # noqa: PLR0911 - a row ends in one of several ways, each told
-        self, row: ClaimedRow, envelope: Envelope, send_by: float
-    ) -> Outcome:
+    async def _publish_row(self, row: ClaimedRow, envelope: Envelope, send_by: float) -> Outcome:
         message = message_for(
             envelope,
             self._routes,
@@ -179,10 +211,85 @@ class NatsSink:
         refused = self._over_max_payload(client, message)
         if refused is not None:
             return self._noted(refused) if isinstance(refused, SinkDown) else refused
+        mode = await self._mode(client, row, message, send_by)
+        if not isinstance(mode, Mode):
+            return mode
         if asyncio.get_running_loop().time() > send_by:
             return NotStarted()
+        if mode is Mode.ATOMIC_MARKER:
+            outcome = await self._publish_batch(client, message, row.event_id, send_by)
+        elif mode is Mode.ID_IN_SUBJECT:
+            outcome = await self._publish_one(client, expecting_new_subject(message), row.event_id)
+        else:
+            outcome = await self._publish_one(client, message, row.event_id)
+        return self._noted(outcome)
+
+    async def _publish_one(self, client: Client, message: NatsMessage, event_id: str) -> Outcome:
+        """The event alone; a publish expecting its subject empty learns whether it is."""
+        reply = await self._request(client, message)
+        if not isinstance(reply, Msg):
+            return reply
+        answer = classify_ack(
+            reply.data,
+            stream=self._stream,
+            subject=message.subject,
+            guarded=EXPECTED_LAST_SUBJECT_SEQ in message.headers,
+        )
+        if isinstance(answer, Duplicate):
+            self._note("publish", "duplicate")
+            return await self._read_back(client, answer.seq, message, event_id)
+        self._note("publish", "ok" if isinstance(answer, Published) else reply_code(reply.data))
+        if isinstance(answer, Taken):
+            # The event's own subject holds a message: ours, stored by an earlier attempt
+            # at any time before, or another's (a conflict).
+            return await self._read_back(client, None, message, event_id)
+        return answer
+
+    async def _mode(
+        self, client: Client, row: ClaimedRow, message: NatsMessage, send_by: float
+    ) -> Mode | Outcome:
+        """The route's dedupe mode (nats_dedupe), or why the row goes no further: the
+        server's facts cannot be read (the sink's failure), or the row is past the window
+        and `sink.past_window` dead-letters it (decided, like a re-send's warning, only for
+        a row still due to be sent)."""
+        if not needs_facts(message.route):
+            return Mode.ID_IN_SUBJECT
+        facts = await self._stream_facts(client)
+        if isinstance(facts, SinkDown):
+            return self._noted(facts)
+        mode = mode_for(message.route, facts, marker_prefix=self._settings.marker_prefix)
+        if mode is Mode.WINDOW and past_window(
+            claimed_before=row.claimed_before,
+            age_s=row.age_s,
+            window_s=facts.duplicate_window_s,
+            margin_s=self._settings.timeout_s,
+        ):
+            if asyncio.get_running_loop().time() > send_by:
+                return NotStarted()
+            refused = self._past_window(row, facts)
+            if refused is not None:
+                return refused
+        return mode
+
+    def _past_window(self, row: ClaimedRow, facts: StreamFacts) -> Outcome | None:
+        """An ambiguous row the stream may have forgotten: `sink.past_window` decides."""
+        window_s = facts.duplicate_window_s
+        if self._settings.past_window == "dead_letter":
+            self._note("past_window", "dead_letter")
+            return past_window_dead_letter(row.age_s, window_s)
+        self._note("past_window", "resend")
+        self._log.warning(
+            "sink.resending_past_window",
+            event_id=row.event_id,
+            age_s=round(row.age_s, 3),
+            window_s=window_s,
+        )
+        return None
+
+    async def _request(self, client: Client, message: NatsMessage) -> Msg | Outcome:
+        """One publish and its reply, or the outcome of its failure."""
         try:
-            reply = await client.request(
+            return await client.request(
                 message.subject,
                 message.body,
                 timeout=self._settings.timeout_s,
@@ -190,16 +297,70 @@ class NatsSink:
             )
         except nats.errors.Error as exc:
             self._note("publish", _failure_code(exc))
-            return self._noted(classify_exception(exc, subject=message.subject))
+            return classify_exception(exc, subject=message.subject)
         except asyncio.CancelledError:
             self._note("publish", "timeout")  # the attempt's deadline cut the exchange
             raise
-        answer = classify_ack(reply.data, stream=self._stream, subject=message.subject)
-        if isinstance(answer, Duplicate):
-            self._note("publish", "duplicate")
-            return self._noted(await self._read_back(client, answer.seq, message, row.event_id))
-        self._note("publish", "ok" if isinstance(answer, Published) else reply_code(reply.data))
-        return self._noted(answer)
+
+    async def _publish_batch(  # noqa: PLR0911 - each answer to a batch is told apart
+        self, client: Client, message: NatsMessage, event_id: str, send_by: float
+    ) -> Outcome:
+        """The marker and the event in one atomic batch: the marker goes first without a
+        reply (the server answers only the commit), the event commits and is answered."""
+        marker, event = atomic_batch(
+            message,
+            event_id=event_id,
+            stream=self._stream,
+            marker_prefix=self._settings.marker_prefix,
+            batch_id=uuid.uuid4().hex,
+        )
+        try:
+            await client.publish(marker.subject, marker.body, headers=dict(marker.headers))
+        except nats.errors.Error as exc:
+            self._note("publish", _failure_code(exc))
+            return classify_exception(exc, subject=marker.subject)
+        reply = await self._request(client, event)
+        if not isinstance(reply, Msg):
+            return reply
+        answer = classify_ack(reply.data, stream=self._stream, subject=event.subject, guarded=True)
+        code = reply_code(reply.data)
+        self._note("publish", "ok" if isinstance(answer, Published) else code)
+        if code == str(ATOMIC_DISABLED):
+            self._facts = None  # the stream's configuration changed: read it again
+        if code == str(BATCH_DUPLICATE_ID):
+            # The stream holds the event's id, within its window, from a publish outside a
+            # batch (before this route ran in this mode): the batch stored nothing. The
+            # event alone gets the duplicate's PubAck, with the sequence to read back.
+            if asyncio.get_running_loop().time() > send_by:
+                return RetryLater(
+                    f"the stream holds this event's id from a publish outside a batch "
+                    f"(JetStream error {BATCH_DUPLICATE_ID}); the next attempt sends it alone"
+                )
+            return await self._publish_one(client, message, event_id)
+        if isinstance(answer, Duplicate):  # a batch's answer never says so; kept honest
+            return await self._read_back(client, answer.seq, message, event_id)
+        if not isinstance(answer, Taken):
+            return answer
+        return await self._reconcile_batch(client, marker, message, event_id)
+
+    async def _reconcile_batch(
+        self, client: Client, marker: NatsMessage, message: NatsMessage, event_id: str
+    ) -> Outcome:
+        """After a batch refused with "wrong last sequence" on its marker."""
+        # The batch was refused whole: the marker's subject holds a message. Ours proves
+        # that an earlier batch stored the event too, at the next sequence.
+        last_marker = await self._msg_get(client, {"last_by_subj": marker.subject})
+        if isinstance(last_marker, SinkDown):
+            return last_marker
+        found = classify_marker_reply(last_marker, message=message)
+        if not isinstance(found, MarkerFound):
+            return found
+        stored = await self._msg_get(client, {"seq": found.seq + 1})
+        if isinstance(stored, SinkDown):
+            return stored
+        return classify_batch_event(
+            stored, marker_seq=found.seq, body=message.body, event_id=event_id
+        )
 
     def _over_max_payload(self, client: Client, message: NatsMessage) -> Outcome | None:
         """The server's max_payload, learnt on connecting, bounds both the configured bound
@@ -221,17 +382,46 @@ class NatsSink:
         return None
 
     async def _read_back(
-        self, client: Client, seq: int, message: NatsMessage, event_id: str
+        self, client: Client, seq: int | None, message: NatsMessage, event_id: str
     ) -> Outcome:
-        """The message the stream holds at `seq` (the one a duplicate's PubAck names),
-        compared with ours."""
-        request = json.dumps({"seq": seq}).encode()
-        reply = await self._api(
-            client, "msg_get", f"{API_PREFIX}.STREAM.MSG.GET.{self._stream}", request
-        )
+        """The message the stream holds at `seq` (the one a duplicate's PubAck names), or
+        last on the event's own subject (`seq` None), compared with ours."""
+        where = {"seq": seq} if seq is not None else {"last_by_subj": message.subject}
+        reply = await self._msg_get(client, where)
         if isinstance(reply, SinkDown):
             return reply
         return classify_stored(reply, seq=seq, body=message.body, event_id=event_id)
+
+    async def _msg_get(self, client: Client, request: dict[str, Any]) -> bytes | SinkDown:
+        return await self._api(
+            client,
+            "msg_get",
+            f"{API_PREFIX}.STREAM.MSG.GET.{self._stream}",
+            json.dumps(request).encode(),
+        )
+
+    async def _stream_facts(self, client: Client) -> StreamFacts | SinkDown:
+        """The server's API level and the stream's configuration, read when first needed
+        and again after `_FACTS_TTL_S`, a reconnect, or an answer that shows them stale;
+        concurrent rows share one read."""
+        asked_at = self._clock()
+        async with self._facts_lock:
+            known = self._facts
+            if known is not None and known[0] > asked_at:
+                return known[1]
+            failed = self._facts_failure
+            if failed is not None and failed[0] >= asked_at:
+                return failed[1]  # decided while this row waited: shared, not asked again
+            account = await self._api(client, "account_info", f"{API_PREFIX}.INFO", b"")
+            stream = await self._api(
+                client, "stream_info", f"{API_PREFIX}.STREAM.INFO.{self._stream}", b""
+            )
+            facts = read_facts(account, stream, stream_name=self._stream)
+            if isinstance(facts, StreamFacts):
+                self._facts, self._facts_failure = (self._clock() + _FACTS_TTL_S, facts), None
+            else:
+                self._facts_failure = (self._clock(), facts)
+            return facts
 
     async def _api(
         self, client: Client, operation: str, subject: str, payload: bytes
@@ -341,6 +531,7 @@ class NatsSink:
         return dropped
 
     async def _on_reconnected(self) -> None:
+        self._facts = None  # perhaps another server, or the same one upgraded
         self._log.info("sink.nats_reconnected")
 
     async def _on_error(self, exc: Exception) -> None:

@@ -18,7 +18,21 @@ import nats.errors
 import nats.js.errors
 
 from relayd.models import DeadLetter, DeadReason, Outcome, Published, RetryLater, SinkDown
-from relayd.sinks.nats_message import MSG_ID, b64decode, parse_header_block
+from relayd.sinks.nats_dedupe import (
+    ATOMIC_API_LEVEL,
+    ATOMIC_DISABLED,
+    BATCH_EVENT_GONE,
+    WRONG_LAST_SEQUENCE,
+    MarkerFound,
+    StreamFacts,
+    Taken,
+    as_pattern,
+    classify_marker,
+    marker_pattern,
+    mode_for,
+    stream_facts,
+)
+from relayd.sinks.nats_message import MSG_ID, NatsMessage, b64decode, parse_header_block
 
 STORED = "stored"  # the sink_state of a published row: the stream holds it
 
@@ -50,9 +64,14 @@ _ROW_REFUSED: Mapping[int, tuple[DeadReason, str]] = {
 }
 _RETRY: Mapping[int, str] = {
     10158: "another publish with this id is in progress",
-    10071: "wrong last sequence (relayd sends no expected sequence yet)",
-    10164: "wrong last sequence (relayd sends no expected sequence yet)",
+    10071: "wrong last sequence (this publish expected none)",
+    10164: "wrong last sequence (this publish expected none)",
     10070: "wrong last message id (relayd sends no expected id)",
+    ATOMIC_DISABLED: "atomic publish is disabled on the stream (its configuration changed: "
+    "relayd reads it again)",
+    10176: "the atomic batch arrived incomplete",
+    10177: "the server refuses a header inside an atomic batch (nats-server 2.12.0 refuses "
+    "Nats-Msg-Id there: upgrade it, or turn allow_atomic off)",
 }
 _NO_MESSAGE = 10037
 _STREAM_NOT_FOUND = 10059
@@ -77,8 +96,11 @@ class ApiError:
         return f"JetStream error {code}: {self.description or 'no description'}"
 
 
-def classify_ack(reply: bytes, *, stream: str, subject: str) -> Outcome | Duplicate:
-    """What the reply to one publish means (docs/nats.md#outcomes)."""
+def classify_ack(
+    reply: bytes, *, stream: str, subject: str, guarded: bool = False
+) -> Outcome | Duplicate | Taken:
+    """What the reply to one publish means (docs/nats.md#outcomes). A `guarded` publish
+    expected its (marker's) subject empty: "wrong last sequence" says it holds a message."""
     answer = _json_object(reply)
     if answer is None:
         # Another responder than JetStream answered on the subject (a plain subscriber):
@@ -87,6 +109,8 @@ def classify_ack(reply: bytes, *, stream: str, subject: str) -> Outcome | Duplic
         return RetryLater(f"the reply on {subject} is not a JetStream PubAck")
     error = _api_error(answer)
     if error is not None:
+        if guarded and error.err_code in WRONG_LAST_SEQUENCE:
+            return Taken(error.describe())
         return classify_api_error(error, subject=subject)
     seq = answer.get("seq")
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
@@ -126,30 +150,44 @@ def classify_api_error(error: ApiError, *, subject: str) -> Outcome:
     return RetryLater(text)
 
 
-def classify_stored(reply: bytes, *, seq: int, body: bytes, event_id: str) -> Outcome:
-    """What the stream holds at `seq`, the sequence a duplicate's PubAck named, compared
-    with our message: the same id and body is ours (published, reconciled); another body
-    under our id is a conflict, never published (the stream's dedupe compares ids, not
-    bytes)."""
+def classify_stored(
+    reply: bytes,
+    *,
+    seq: int | None,
+    body: bytes,
+    event_id: str,
+    gone: Outcome | None = None,
+) -> Outcome:
+    """What the stream holds at `seq` (the sequence a duplicate's PubAck named, or the
+    event's in a committed batch), or last on the event's own subject (`seq` None),
+    compared with our message: the same id and body is ours (published, reconciled);
+    another body under our id is a conflict, never published (the stream's dedupe compares
+    ids, not bytes). `gone` is the outcome when nothing is there any more."""
     answer = _json_object(reply)
-    where = f"reading back seq {seq}"
+    where = f"reading back seq {seq}" if seq is not None else "reading the event's subject"
     if answer is None:
         return RetryLater(f"{where}: the reply is not a JetStream answer")
     error = _api_error(answer)
     if error is not None:
+        if gone is not None and (error.err_code == _NO_MESSAGE or error.code == 404):
+            return gone
         if error.err_code == _NO_MESSAGE or error.code == 404:
             # Deleted or aged out since it was stored; its id is still in the dedupe
             # window. Once the window passes, a re-send stores it again.
-            return RetryLater(
-                f"{where}: {error.describe()}: the stream acknowledged a duplicate it no "
-                "longer holds"
+            gone_now = (
+                "the stream acknowledged a duplicate it no longer holds"
+                if seq is not None
+                else "the subject holds nothing now (removed since the refusal)"
             )
+            return RetryLater(f"{where}: {error.describe()}: {gone_now}")
         if error.code is not None and (error.code >= 500 or error.code in (408, 429)):
             return SinkDown(f"{where}: {error.describe()}")
         return RetryLater(f"{where}: {error.describe()}")
     message = answer.get("message")
     if not isinstance(message, dict):
         return RetryLater(f"{where}: the reply holds no message")
+    if seq is None:
+        seq = message.get("seq") if _int(message.get("seq")) else 0
     stored_body = b64decode(message.get("data", ""))
     raw_headers = b64decode(message.get("hdrs", ""))
     if stored_body is None or raw_headers is None:
@@ -167,6 +205,63 @@ def classify_stored(reply: bytes, *, seq: int, body: bytes, event_id: str) -> Ou
             f"({'; '.join(differ)})",
         )
     return Published(sink_state=STORED, reconciled=True)
+
+
+def classify_marker_reply(reply: bytes, *, message: NatsMessage) -> Outcome | MarkerFound:
+    """The last message on the event's marker subject, after the batch was refused with
+    "wrong last sequence": our marker (then read its event), another's (a conflict)."""
+    answer = _json_object(reply)
+    where = "reading the event's marker"
+    if answer is None:
+        return RetryLater(f"{where}: the reply is not a JetStream answer")
+    error = _api_error(answer)
+    if error is None:
+        return classify_marker(answer, message=message)
+    if error.code is not None and (error.code >= 500 or error.code in (408, 429)):
+        return SinkDown(f"{where}: {error.describe()}")
+    # Gone (deleted since the refusal) or refused: the next attempt sends the batch again.
+    return RetryLater(f"{where}: {error.describe()}")
+
+
+def classify_batch_event(reply: bytes, *, marker_seq: int, body: bytes, event_id: str) -> Outcome:
+    """The message after our marker, where its batch stored the event (a batch's sequences
+    follow one another): ours is published (reconciled); another there, which a committed
+    batch cannot leave, is never taken as ours (a conflict); nothing there is our event,
+    removed since by the stream's limits or an operator (published: it was stored)."""
+    return classify_stored(
+        reply, seq=marker_seq + 1, body=body, event_id=event_id, gone=BATCH_EVENT_GONE
+    )
+
+
+def read_facts(
+    account: bytes | SinkDown, stream: bytes | SinkDown, *, stream_name: str
+) -> StreamFacts | SinkDown:
+    """The server's API level and the stream's configuration, as the publish path needs
+    them to choose a mode; a failure to read them is the sink's (nothing sent)."""
+    verdict = _facts_or_failure(account, stream, stream_name=stream_name)
+    if isinstance(verdict, str):
+        return SinkDown(verdict, reached=False)
+    return verdict
+
+
+def _facts_or_failure(
+    account: bytes | SinkDown, stream: bytes | SinkDown, *, stream_name: str
+) -> StreamFacts | str:
+    if isinstance(account, SinkDown):
+        return f"JetStream does not answer: {account.error}"
+    info = _json_object(account)
+    error = None if info is None else _api_error(info)
+    if info is None or error is not None:
+        return f"JetStream refuses: {error.describe() if error else 'not a JSON answer'}"
+    if isinstance(stream, SinkDown):
+        return f"stream {stream_name}: {stream.error}"
+    described = _json_object(stream)
+    error = None if described is None else _api_error(described)
+    if described is None or error is not None:
+        if error is not None and error.err_code == _STREAM_NOT_FOUND:
+            return f"stream {stream_name} not found (create it: docs/operations.md#nats)"
+        return f"stream {stream_name}: {error.describe() if error else 'not a JSON answer'}"
+    return stream_facts(info, described)
 
 
 def classify_exception(exc: BaseException, *, subject: str) -> Outcome:
@@ -254,61 +349,67 @@ def stream_verdict(
     stream: bytes | SinkDown,
     *,
     stream_name: str,
-    subjects: Sequence[str],
+    routes: Sequence[str],
     max_payload: int,
     max_body_bytes: int,
+    marker_prefix: str,
+    horizon_s: float | None,
+    past_window: str,
 ) -> tuple[bool, str]:
     """`relayd check`'s verdict on JetStream (the account info) and the stream (its info):
     it exists, its subjects take every route's subject, the payload bound fits the server;
-    the duplicate window is shown, since it bounds deduplication (docs/nats.md)."""
-    if isinstance(account, SinkDown):
-        return False, f"JetStream does not answer: {account.error}"
-    info = _json_object(account)
-    error = None if info is None else _api_error(info)
-    if info is None or error is not None:
-        return False, f"JetStream refuses: {error.describe() if error else 'not a JSON answer'}"
-    api = info.get("api")
-    level = api.get("level") if isinstance(api, dict) else None
-    if isinstance(stream, SinkDown):
-        return False, f"stream {stream_name}: {stream.error}"
-    described = _json_object(stream)
-    error = None if described is None else _api_error(described)
-    if described is None or error is not None:
-        if error is not None and error.err_code == _STREAM_NOT_FOUND:
-            return False, f"stream {stream_name} not found (create it: docs/operations.md#nats)"
-        return False, f"stream {stream_name}: {error.describe() if error else 'not a JSON answer'}"
-    config = described.get("config")
-    config = config if isinstance(config, dict) else {}
-    patterns = [p for p in config.get("subjects") or [] if isinstance(p, str)]
-    missing = [s for s in subjects if not any(subject_matches(p, s) for p in patterns)]
+    shown: the duplicate window against relayd's retry horizon, and each route's mode
+    (docs/nats.md#deduplication)."""
+    facts = _facts_or_failure(account, stream, stream_name=stream_name)
+    if isinstance(facts, str):
+        return False, facts
+    missing = [r for r in routes if not facts.takes(as_pattern(r))]
     if missing:
         return False, (
             f"stream {stream_name} does not take {', '.join(missing)} "
-            f"(its subjects: {', '.join(patterns) or 'none'}; check sink.routes)"
+            f"(its subjects: {', '.join(facts.subjects) or 'none'}; check sink.routes)"
         )
     if max_body_bytes > max_payload:
         return False, (
             f"sink.max_payload_bytes ({max_body_bytes}) is above the server's max_payload "
             f"({max_payload})"
         )
-    window = config.get("duplicate_window")
-    window_text = f"{window / 1e9:g}s" if isinstance(window, int) else "unknown"
-    api_text = f"API level {level}" if _int(level) else "API level unknown"
+    modes = {route: mode_for(route, facts, marker_prefix=marker_prefix) for route in routes}
+    api_text = f"API level {facts.api_level}" if facts.api_level else "API level unknown"
     return True, (
         f"JetStream answers ({api_text}); stream {stream_name} takes every route's subject; "
-        f"duplicate window {window_text}; max_payload {max_payload}"
+        f"{_window_text(facts, horizon_s, past_window, modes)}; max_payload {max_payload}; "
+        f"modes: {', '.join(f'{route} {mode}' for route, mode in modes.items())}"
+        f"{_marker_hint(facts, marker_prefix, modes)}"
     )
 
 
-def subject_matches(pattern: str, subject: str) -> bool:
-    """Whether a stream subject (`*` one token, a final `>` one or more) takes `subject`."""
-    wanted, tokens = pattern.split("."), subject.split(".")
-    for index, part in enumerate(wanted):
-        if part == ">":
-            return index == len(wanted) - 1 and len(tokens) > index
-        if index >= len(tokens) or (part != "*" and part != tokens[index]):
-            return False
-    return len(tokens) == len(wanted)
+def _window_text(
+    facts: StreamFacts, horizon_s: float | None, past_window: str, modes: Mapping[str, str]
+) -> str:
+    window = facts.duplicate_window_s
+    text = f"duplicate window {window:g}s" if window is not None else "duplicate window unknown"
+    if horizon_s is None:
+        return text
+    text += f", retry horizon {horizon_s:g}s"
+    if "window" in modes.values() and (window is None or window <= horizon_s):
+        text += (
+            f" (window-mode routes: an unanswered attempt retried past the window is "
+            f"handled by sink.past_window = {past_window})"
+        )
+    return text
+
+
+def _marker_hint(facts: StreamFacts, marker_prefix: str, modes: Mapping[str, str]) -> str:
+    """Why window mode, where a setting of the stream would give atomic markers."""
+    if "window" not in modes.values():
+        return ""
+    if facts.api_level < ATOMIC_API_LEVEL or (facts.allow_atomic and not facts.atomic):
+        return " (atomic markers need nats-server 2.12.1+, JetStream API level 2)"
+    wanted = marker_pattern(marker_prefix)
+    if not facts.allow_atomic:
+        return f" (atomic markers need the stream's allow_atomic and its subject {wanted})"
+    return f" (atomic markers need the stream to take {wanted})"
 
 
 def _json_object(reply: bytes) -> dict[str, Any] | None:

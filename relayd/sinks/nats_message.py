@@ -21,6 +21,8 @@ MSG_ID = "Nats-Msg-Id"
 EXPECTED_STREAM = "Nats-Expected-Stream"
 # The same id for consumers that follow the generic message-id convention.
 MESSAGE_ID = "Message-Id"
+# A route's subject token that stands for the event id (`events.orders.{id}`).
+ID_TOKEN = "{id}"  # noqa: S105 - a subject token, not a secret
 CONTENT_TYPE = "application/json"
 CE_SPECVERSION = "1.0"
 # The event's schema version as a CloudEvents extension attribute (an integer).
@@ -52,6 +54,7 @@ class Routes:
         self._subjects = {(route.type, route.version): route.subject for route in routes}
 
     def subject(self, event_type: str, version: int) -> str | None:
+        """The route's subject, as configured (`{id}` not yet replaced)."""
         return self._subjects.get((event_type, version)) or self._subjects.get((event_type, None))
 
     @property
@@ -64,6 +67,8 @@ class NatsMessage:
     subject: str
     body: bytes
     headers: dict[str, str]
+    # The route's subject as configured, `{id}` unreplaced: it decides the dedupe mode.
+    route: str = ""
 
     @property
     def size(self) -> int:
@@ -94,7 +99,8 @@ def message_for(
             f"the event's data is {len(body)} bytes as JSON, over sink.max_payload_bytes "
             f"({max_body_bytes})",
         )
-    return NatsMessage(subject, body, headers_for(event, stream=stream, source=source))
+    concrete = ".".join(event.id if token == ID_TOKEN else token for token in subject.split("."))
+    return NatsMessage(concrete, body, headers_for(event, stream=stream, source=source), subject)
 
 
 def headers_for(event: DomainEvent, *, stream: str, source: str) -> dict[str, str]:

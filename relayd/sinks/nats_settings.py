@@ -91,6 +91,12 @@ class NatsSettings(SinkSettings):
     # A body (the event's data) larger than this is dead-lettered `too_large` unsent; it may
     # not exceed the server's max_payload (checked when connecting).
     max_payload_bytes: int = Field(default=1024 * 1024, ge=1)
+    # An ambiguous row of a route in window mode whose first store may have left the
+    # stream's duplicate window: re-sent anyway (a possible duplicate, logged and counted)
+    # or dead-lettered `past_window` for an operator (docs/nats.md#deduplication).
+    past_window: Literal["resend", "dead_letter"] = "resend"
+    # Where atomic-marker mode puts each event's marker: `<marker_prefix>.<event id>`.
+    marker_prefix: str = "relayd.markers"
 
     sink_class: ClassVar[str] = "relayd.sinks.nats:NatsSink"
     # Tried in this order; a credential is used only while no method is configured.
@@ -134,6 +140,19 @@ class NatsSettings(SinkSettings):
                 parts.port  # noqa: B018 - urlsplit checks the port when it is read
             except ValueError as exc:
                 raise ValueError(f"{server!r}: {exc}") from None
+        return value
+
+    @field_validator("marker_prefix")
+    @classmethod
+    def _valid_marker_prefix(cls, value: str) -> str:
+        tokens = value.split(".")
+        if len(value) > _MAX_SUBJECT_CHARS // 2 or not all(
+            token and _TOKEN.issuperset(token) for token in tokens
+        ):
+            raise ValueError(
+                "expected a subject prefix: dot-separated tokens of visible ASCII, without "
+                "the wildcards * and >"
+            )
         return value
 
     @field_validator("stream")

@@ -240,10 +240,10 @@ async def test_a_missing_stream_dead_letters_nothing_and_opens_the_breaker(
         assert await pending(conn) == 20
         assert await dead(conn) == {}
         errors = await conn.fetch("SELECT DISTINCT last_error FROM relayd.outbox")
+        # The stream's configuration decides each route's dedupe mode: it is read first.
         assert {row["last_error"] for row in errors} <= {
             None,
-            "no responders on events.orders: no stream stores it, or JetStream is not ready "
-            "(check the stream and its subjects against sink.routes)",
+            "stream EVENTS not found (create it: docs/operations.md#nats)",
         }
         await add_stream(js)
         await eventually(lambda: drained(conn))
@@ -296,8 +296,12 @@ async def test_check_reports_the_stream_the_routes_and_the_window(
     assert lines["sink"].detail == (
         f"{nats_server.url} stream EVENTS: JetStream answers (API level "
         + lines["sink"].detail.split("API level ")[1].split(")")[0]
-        + "); stream EVENTS takes every route's subject; duplicate window 30s; "
-        "max_payload 1048576; an unanswered attempt is re-sent with the same id (at least once)"
+        + "); stream EVENTS takes every route's subject; duplicate window 30s, retry "
+        "horizon 40.3s (window-mode routes: an unanswered attempt retried past the window is "
+        "handled by sink.past_window = resend); max_payload 1048576; modes: events.orders "
+        "window, events.orders.v2 window (atomic markers need the stream's allow_atomic and "
+        "its subject relayd.markers.*); an unanswered attempt is re-sent with the same id, for "
+        "the destination to dedupe"
     )
     routes = [*ROUTES, {"type": "mail.sent", "subject": "mail.sent"}]
     lines = {
@@ -353,8 +357,8 @@ accounts {
       {
         user: relayd, password: relay-pw,
         permissions: {
-          publish: {allow: ["events.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.EVENTS",
-                            "$JS.API.STREAM.MSG.GET.EVENTS"]}
+          publish: {allow: ["events.>", "relayd.markers.*", "$JS.API.INFO",
+                            "$JS.API.STREAM.INFO.EVENTS", "$JS.API.STREAM.MSG.GET.EVENTS"]}
           subscribe: {allow: ["_INBOX.>"]}
         }
       }
@@ -368,13 +372,18 @@ async def test_the_documented_permissions_are_enough(
     database: Database, conn: asyncpg.Connection, tmp_path: Path
 ) -> None:
     """docs/operations.md#nats: a NATS user with only the documented permissions passes
-    `relayd check`, publishes, and reads a duplicate back."""
+    `relayd check`, publishes events with their atomic markers, and reads a duplicate back
+    (an event stored outside a batch: the batch is refused, the event alone reconciled)."""
     password = tmp_path / "password"
     password.write_text("relay-pw\n")
     with NatsServer(config=RELAY_PERMISSIONS) as server:
         admin = await nats.connect(server.url, user="admin", password="admin-pw")  # noqa: S106 - the test server's own
         try:
-            await add_stream(admin)
+            await admin.jetstream().add_stream(
+                StreamConfig(
+                    name=STREAM, subjects=["events.>", "relayd.markers.*"], allow_atomic=True
+                )
+            )
             ids = await commit(conn, [event(n) for n in range(10)])
             await admin.jetstream().publish(
                 "events.orders", b'{"order_id":3}', headers={"Nats-Msg-Id": ids[3]}
@@ -387,7 +396,10 @@ async def test_the_documented_permissions_are_enough(
             daemon = await run_until_idle(settings)
             assert await drained(conn)
             assert await dead(conn) == {}
-            assert len(await stored(admin)) == 10
+            messages = await stored(admin)
+            events = [m for m in messages if m["subject"].startswith("events.")]
+            assert sorted(m["headers"]["Nats-Msg-Id"] for m in events) == sorted(ids)
+            assert len(messages) == 10 + 9  # a marker for each event relayd stored
         finally:
             await admin.close()
     reconciled = daemon.metrics.registry.get_sample_value(

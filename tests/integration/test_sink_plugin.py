@@ -160,7 +160,7 @@ async def test_check_names_the_target_and_what_an_ambiguous_outcome_means(
     assert lines["sink"].verdict is Verdict.OK
     assert lines["sink"].detail == (
         "memory shelf c: the shelf answers; "
-        "an unanswered attempt is re-sent with the same id (at least once)"
+        "an unanswered attempt is re-sent with the same id, for the destination to dedupe"
     )
 
 

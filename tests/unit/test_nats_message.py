@@ -173,6 +173,18 @@ def test_routes_by_type_and_version(event_type: str, version: int, subject: str)
     assert ROUTES.subject(event_type, version) == subject
 
 
+def test_a_subject_template_carries_the_event_id() -> None:
+    """`{id}` as a whole token of a route's subject is the event id; the message keeps the
+    route as configured (it decides the dedupe mode)."""
+    routes = Routes([Route("order.updated", "events.{id}.orders.{id}")])
+    message = message_for(
+        _envelope(), routes, stream="EVENTS", source="/orders", max_body_bytes=1024
+    )
+    assert isinstance(message, NatsMessage)
+    assert message.subject == f"events.{ID}.orders.{ID}"
+    assert message.route == "events.{id}.orders.{id}"
+
+
 def test_an_event_without_a_route_is_dead_lettered_no_route() -> None:
     text = json.dumps(
         {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from relayd.config import load_settings
+from relayd.config import Settings, load_settings
 from relayd.errors import ConfigError
 from relayd.sinks import SinkSettings
 from relayd.sinks.nats_settings import NatsSettings
@@ -83,6 +83,9 @@ def test_the_issues_configuration_loads(tmp_path: Path) -> None:
         ("servers = ['nats://a:99999']\n", "sink.servers: 'nats://a:99999': Port out of range"),
         ("user = 'relayd'\n", "sink.password_file: required with sink.user"),
         ("wat = 1\n", "sink.wat: unknown key"),
+        ("past_window = 'drop'\n", "sink.past_window: Input should be 'resend' or 'dead_letter'"),
+        ("marker_prefix = 'm.*'\n", "sink.marker_prefix: expected a subject prefix"),
+        ("marker_prefix = ''\n", "sink.marker_prefix: expected a subject prefix"),
     ],
 )
 def test_bad_keys_are_named_in_one_line(tmp_path: Path, extra: str, error: str) -> None:
@@ -237,7 +240,11 @@ def test_the_example_documents_the_nats_keys_and_its_section_loads(tmp_path: Pat
         lines.append(f"{key} = '{secrets[key]}'" if key in secrets else match.group(1))
     sink = _load(tmp_path, "\n".join(lines) + "\n")
     assert sink.stream == "EVENTS"
-    assert len(sink.routes) == 2
+    assert [route.subject for route in sink.routes] == [
+        "events.orders",
+        "events.orders.v2",
+        "events.payments.{id}",
+    ]
     assert sink.user == "relayd"
 
 
@@ -279,3 +286,13 @@ def test_config_show_prints_servers_and_routes_that_load_back(tmp_path: Path) ->
     frozen = tmp_path / "frozen.toml"
     frozen.write_text(shown)
     assert load_settings(frozen) == load_settings(path)
+
+
+def test_the_retry_horizon_comes_from_the_retry_and_relay_settings() -> None:
+    """`relayd check` weighs the window against it: every backoff ceiling (1, 2, ... 60 s
+    capped) and a lease (30 s) for each attempt after the first, 513 s by default."""
+    settings = Settings(sink={"kind": "nats"})
+    assert settings.sink.retry_horizon_s == 513.0
+    assert isinstance(settings.sink, NatsSettings)
+    assert settings.sink.past_window == "resend"
+    assert settings.sink.marker_prefix == "relayd.markers"
