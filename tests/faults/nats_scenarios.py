@@ -25,10 +25,11 @@ def on_nats(scenario: Callable[[NatsStage], Awaitable[None]]) -> Callable[[Scene
     return run
 
 
-async def kill_9_at_a_step(stage: NatsStage, point: str) -> None:
+async def kill_9_at_a_step(stage: NatsStage, point: str, *, atomic: bool = False) -> None:
     """200 events; the relay dies (SIGKILL) the second time it reaches `point`; its leases
-    are ended in SQL; another relay publishes the rest; the checker reads the stream."""
-    await stage.add_stream()
+    are ended in SQL; another relay publishes the rest; the checker reads the stream.
+    `atomic`: the stream takes atomic batches (atomic-marker mode where supported)."""
+    await stage.add_stream(atomic=atomic)
     await stage.produce(200)
     doomed = await stage.relay("doomed", failpoints=f"{point}=exit@2", ready=False)
     assert await doomed.wait() == -signal.SIGKILL
@@ -38,10 +39,10 @@ async def kill_9_at_a_step(stage: NatsStage, point: str) -> None:
     await stage.check()
 
 
-async def same_id_different_body(stage: NatsStage) -> None:
+async def same_id_different_body(stage: NatsStage, *, atomic: bool = False) -> None:
     """30 events, one of whose ids already holds another message in the stream; the relay
     must dead-letter that one `conflict` and publish the rest."""
-    await stage.add_stream()
+    await stage.add_stream(atomic=atomic)
     ids = await stage.produce(30)
     await stage.plant(ids[7], b'{"someone":"else"}')
     await stage.relay("relay")

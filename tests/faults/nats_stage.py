@@ -37,6 +37,7 @@ EVENT_TYPE = "order.updated"
 SUBJECT = "events.orders"
 ROUTES = [{"type": EVENT_TYPE, "subject": SUBJECT}]
 WHEN = "2024-05-01T12:00:00Z"
+MARKER_PREFIX = "relayd.markers"
 SWITCHES = ("RELAYD_TEST_FAILPOINTS", "RELAYD_TEST_MUTANT")
 
 
@@ -53,10 +54,18 @@ class NatsStage:
     # Each relay's HTTP port (/metrics, /healthz), by name.
     http_ports: dict[str, int] = field(default_factory=dict)
 
-    async def add_stream(self, **config: Any) -> None:
+    # The stream takes atomic batches and the marker subjects: relayd runs the route in
+    # atomic-marker mode where the server supports it (NATS 2.12.1+), window mode elsewhere.
+    atomic: bool = False
+
+    async def add_stream(self, *, atomic: bool = False, **config: Any) -> None:
+        subjects = ["events.>", f"{MARKER_PREFIX}.*"] if atomic else ["events.>"]
+        if atomic:
+            config["allow_atomic"] = True
         await self.client.jetstream().add_stream(
-            StreamConfig(name=STREAM, subjects=["events.>"], **config)
+            StreamConfig(name=STREAM, subjects=subjects, **config)
         )
+        self.atomic = atomic
 
     async def plant(self, event_id: str, body: bytes) -> None:
         """Store another message under `event_id` (a conflict for relayd to find)."""
@@ -116,8 +125,19 @@ class NatsStage:
     async def check(self) -> Report:
         """The history checker over the outbox and the stream (tests/faults/
         stream_checker.py); fails the test with every violation."""
-        expected = Expected(STREAM, SOURCE, {EVENT_TYPE: SUBJECT}, self.planted)
+        expected = Expected(
+            STREAM,
+            SOURCE,
+            {EVENT_TYPE: SUBJECT},
+            self.planted,
+            markers=MARKER_PREFIX if self.atomic and self._batches() else None,
+        )
         return await check_stream(self.scene.conn, self.client, expected, table=self.scene.table)
+
+    def _batches(self) -> bool:
+        """Whether the server publishes atomic batches (2.12.1 or later)."""
+        version = self.client.connected_server_version
+        return (version.major, version.minor, version.patch) >= (2, 12, 1)
 
     async def close(self) -> None:
         for proxy in self.proxies:

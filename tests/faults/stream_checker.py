@@ -42,6 +42,9 @@ class Expected:
     source: str
     subjects: Mapping[str, str]
     planted: Mapping[str, bytes] = field(default_factory=dict)
+    # Atomic-marker mode: each published event's marker on `<markers>.<id>`, stored just
+    # before it (one batch); None: no markers expected.
+    markers: str | None = None
 
 
 def ledger_of(messages: list[Stored]) -> dict[str, Any]:
@@ -105,8 +108,18 @@ def stream_problems(
                 "Content-Type": "application/json",
             }
             [message] = held
-            if dict(message.headers) != headers:
-                problems.append(f"{event_id}: headers {dict(message.headers)}, not {headers}")
+            held_headers = dict(message.headers)
+            if expected.markers is not None:
+                # The event closes its batch (marker first); marker_problems checks the id.
+                headers |= {"Nats-Batch-Sequence": "2", "Nats-Batch-Commit": "1"}
+                headers["Nats-Batch-Id"] = held_headers.get("Nats-Batch-Id", "(none)")
+            if held_headers != headers:
+                wrong = {
+                    name: held_headers.get(name)
+                    for name in headers.keys() | held_headers.keys()
+                    if held_headers.get(name) != headers.get(name)
+                }
+                problems.append(f"{event_id}: headers differ: {wrong}")
             if message.body != body_of(envelope["args"][0]):
                 problems.append(f"{event_id}: body {message.body!r}")
             if message.subject != expected.subjects.get(envelope["type"]):
@@ -121,6 +134,44 @@ def stream_problems(
     return problems
 
 
+def split_markers(
+    stored: Sequence[Stored], prefix: str | None
+) -> tuple[dict[str, list[Stored]], list[Stored]]:
+    """Atomic-marker mode's markers (by the event id their subject names) apart from the
+    events; with no `prefix`, every message is an event."""
+    markers: dict[str, list[Stored]] = {}
+    messages = []
+    for message in stored:
+        if prefix is not None and message.subject.startswith(f"{prefix}."):
+            markers.setdefault(message.subject.removeprefix(f"{prefix}."), []).append(message)
+        else:
+            messages.append(message)
+    return markers, messages
+
+
+def marker_problems(
+    rows: Sequence[Mapping[str, Any]],
+    stored: Sequence[Stored],
+    markers: Mapping[str, list[Stored]],
+) -> list[str]:
+    """In atomic-marker mode: each published row's marker once, stored just before its
+    event (one batch), and no marker for anything else."""
+    at = {message.seq: message for message in stored}
+    published = {row["event_id"] for row in rows if row["published_at"] is not None}
+    problems = []
+    for event_id in sorted(published | markers.keys()):
+        held = markers.get(event_id, [])
+        if event_id not in published:
+            problems.append(f"{event_id}: {len(held)} marker(s), not published")
+        elif len(held) != 1:
+            problems.append(f"{event_id}: published, {len(held)} markers")
+        elif (after := at.get(held[0].seq + 1)) is None or after.event_id != event_id:
+            problems.append(f"{event_id}: its marker (seq {held[0].seq}) is not before it")
+        elif held[0].headers.get("Nats-Batch-Id") != after.headers.get("Nats-Batch-Id"):
+            problems.append(f"{event_id}: its marker is of another batch")
+    return problems
+
+
 _ROWS = "SELECT event_id::text AS event_id, job::text AS job, published_at, dead_reason FROM {t}"
 
 
@@ -129,11 +180,16 @@ async def check_stream(
 ) -> Report:
     """The history checker over the outbox and the stream, then the stream's own rules;
     fails the test with every violation."""
-    messages = await read_stream(client, expected.stream)
+    stored = await read_stream(client, expected.stream)
+    markers, messages = split_markers(stored, expected.markers)
     report = await check(conn, ledger_of(messages), table=table)
     assert_clean(report)
-    rows = await conn.fetch(_ROWS.format(t=OutboxTable.parse(table).qualified))
-    problems = stream_problems([dict(row) for row in rows], messages, expected)
+    rows = [
+        dict(row) for row in await conn.fetch(_ROWS.format(t=OutboxTable.parse(table).qualified))
+    ]
+    problems = stream_problems(rows, messages, expected)
+    if expected.markers is not None:
+        problems += marker_problems(rows, stored, markers)
     if problems:
         raise AssertionError(
             f"stream check: {len(problems)} problem(s) over {len(rows)} rows and "

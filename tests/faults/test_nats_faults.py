@@ -23,20 +23,23 @@ def reconciled(relay: Process) -> int:
     return relay.log().count('"relay.reconciled"')
 
 
+@pytest.mark.parametrize("atomic", [False, True], ids=["window", "atomic_marker"])
 @pytest.mark.parametrize("point", ["after_claim", "before_post", "after_2xx", "before_settle"])
-async def test_kill_9_mid_claim_then_restart(stage: NatsStage, point: str) -> None:
+async def test_kill_9_mid_claim_then_restart(stage: NatsStage, point: str, atomic: bool) -> None:
     """C1, C2: the relay dies (SIGKILL) the second time it reaches `point` (rows claimed;
     publishing; published, not settled; settling); its leases are ended in SQL; a relay
     started again publishes the rest, and what the dead one stored is reconciled, not
     stored twice."""
-    await nats_scenarios.kill_9_at_a_step(stage, point)
+    await nats_scenarios.kill_9_at_a_step(stage, point, atomic=atomic)
 
 
-async def test_puback_lost(stage: NatsStage) -> None:
+@pytest.mark.parametrize("atomic", [False, True], ids=["window", "atomic_marker"])
+async def test_puback_lost(stage: NatsStage, atomic: bool) -> None:
     """C2: the server stores 10 events but their PubAcks never reach relayd (a proxy drops
     them); each attempt times out (ambiguous), the row is re-sent with the same id, the
-    stream answers with a duplicate's PubAck, and relayd reconciles it: once each."""
-    await stage.add_stream()
+    stream answers with a duplicate's PubAck (or, in atomic-marker mode, refuses the batch
+    on its marker), and relayd reconciles it: once each."""
+    await stage.add_stream(atomic=atomic)
     proxy = await stage.proxy()
     proxy.drop_acks(10)
     await stage.produce(100)
@@ -49,12 +52,13 @@ async def test_puback_lost(stage: NatsStage) -> None:
     assert reconciled(relay) >= 10
 
 
-async def test_connection_cut_mid_pipeline(stage: NatsStage) -> None:
+@pytest.mark.parametrize("atomic", [False, True], ids=["window", "atomic_marker"])
+async def test_connection_cut_mid_pipeline(stage: NatsStage, atomic: bool) -> None:
     """C1, C2, C4: the connection is reset as the PubAck of the 50th publish comes back
     (dropped), with up to 16 publishes in flight (sink.concurrency); the client reconnects,
     the unanswered rows are re-sent and those the stream holds are reconciled (the 50th at
     least), the rest flow; twice over."""
-    await stage.add_stream()
+    await stage.add_stream(atomic=atomic)
     proxy = await stage.proxy()
     proxy.cut_after(50)
     await stage.produce(400)
@@ -70,12 +74,13 @@ async def test_connection_cut_mid_pipeline(stage: NatsStage) -> None:
     assert reconciled(relay) >= 2
 
 
-async def test_server_restart_mid_run(stage: NatsStage) -> None:
+@pytest.mark.parametrize("atomic", [False, True], ids=["window", "atomic_marker"])
+async def test_server_restart_mid_run(stage: NatsStage, atomic: bool) -> None:
     """C1, C5: 1. nats-server is stopped (its port and store kept) while relayd publishes;
     2. more events are committed while it is down; 3. it starts again and the client
     reconnects. What was in flight is reconciled, what failed meanwhile was refunded (sent
     nothing: no reconnect buffer), nothing is dead-lettered, every event is stored once."""
-    await stage.add_stream()
+    await stage.add_stream(atomic=atomic)
     await stage.produce(400)
     relay = await stage.relay("relay", RELAYD_RELAY__WORKERS="1", RELAYD_SINK__CONCURRENCY="4")
     await stage.scene.until(
@@ -108,12 +113,13 @@ async def test_stream_missing_then_created(stage: NatsStage) -> None:
     await stage.check()
 
 
-async def test_same_id_different_body_already_in_the_stream(stage: NatsStage) -> None:
+@pytest.mark.parametrize("atomic", [False, True], ids=["window", "atomic_marker"])
+async def test_same_id_different_body_already_in_the_stream(stage: NatsStage, atomic: bool) -> None:
     """C2: the stream already holds another message under one event's id (JetStream's
     dedupe does not compare bytes); relayd reads it back, dead-letters that row `conflict`
     and never marks it published; its neighbours flow; the stream keeps the other message
     alone under that id."""
-    await nats_scenarios.same_id_different_body(stage)
+    await nats_scenarios.same_id_different_body(stage, atomic=atomic)
 
 
 async def test_a_claim_answered_after_its_lease_publishes_nothing(stage: NatsStage) -> None:

@@ -11,7 +11,14 @@ import pytest
 
 from relayd.testing.nats import Stored
 from tests.faults.nats_stage import NatsStage
-from tests.faults.stream_checker import Expected, body_of, ledger_of, stream_problems
+from tests.faults.stream_checker import (
+    Expected,
+    body_of,
+    ledger_of,
+    marker_problems,
+    split_markers,
+    stream_problems,
+)
 
 EXPECTED = Expected("EVENTS", "/src", {"order.updated": "events.orders"})
 WHEN = "2024-05-01T12:00:00Z"
@@ -84,6 +91,44 @@ def test_a_dead_row_in_the_stream_and_a_planted_conflict() -> None:
     assert stream_problems(rows, messages, planted) == [
         "e1: dead (too_large) but in the stream",
         "e2: planted conflict, dead x",
+    ]
+
+
+def test_markers_each_just_before_its_event() -> None:
+    """Atomic-marker mode: a published row's marker once, just before its event, in its
+    batch; a marker missing, twice, elsewhere, of another batch or for a row not published
+    is reported."""
+    batch = {"Nats-Batch-Id": "b1"}
+    other = {"Nats-Batch-Id": "b2"}
+
+    def marker(event_id: str, seq: int, headers: dict[str, str] = batch) -> Stored:
+        return Stored(seq, f"relayd.markers.{event_id}", headers, b"{}")
+
+    rows = [row(name) for name in ("e1", "e2", "e3", "e4", "e5")] + [
+        row("e6", published=False, dead="conflict")
+    ]
+    stored = [
+        marker("e1", 1),
+        message("e1", 2, headers=batch),
+        message("e2", 3, headers=batch),  # no marker
+        marker("e3", 4),
+        marker("e3", 5),
+        message("e3", 6, headers=batch),
+        marker("e4", 7),
+        message("e5", 8, headers=batch),
+        message("e4", 9, headers=batch),
+        marker("e5", 10, other),
+        message("e5", 11, headers=batch),
+        marker("e6", 12),
+    ]
+    markers, events = split_markers(stored, "relayd.markers")
+    assert [m.seq for m in events] == [2, 3, 6, 8, 9, 11]
+    assert marker_problems(rows, stored, markers) == [
+        "e2: published, 0 markers",
+        "e3: published, 2 markers",
+        "e4: its marker (seq 7) is not before it",
+        "e5: its marker is of another batch",
+        "e6: 1 marker(s), not published",
     ]
 
 
