@@ -133,14 +133,17 @@ async def test_a_claim_answered_after_its_lease_publishes_nothing(stage: NatsSta
     await database.start()
     try:
         to_nats = await stage.proxy()
-        await stage.relay(
+        late = await stage.relay(
             "late",
             through=to_nats,
             env=LATE_TIMING,
             RELAYD_DATABASE__DSN=database.dsn_through(stage.scene.dsn),
             RELAYD_RELAY__WORKERS="1",
         )
-        # 1.
+        # 1. Once its pool and its LISTEN session are connected: a connection's start-up
+        # through the delay would outlast the connect timeout.
+        await late.logged('"daemon.started"')
+        await late.logged('"wakeup.listening"')
         database.reply_delay_s = REPLY_DELAY_S
         # 2.
         ids = await stage.produce(50)
