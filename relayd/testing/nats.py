@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 from types import TracebackType
@@ -153,6 +154,7 @@ class Stored:
     subject: str
     headers: Mapping[str, str]
     body: bytes
+    stored_at: datetime | None = None  # when the server stored it (its own clock)
 
     @property
     def event_id(self) -> str:
@@ -176,5 +178,15 @@ async def read_stream(client: Client, stream: str) -> list[Stored]:
         raw = base64.b64decode(message.get("hdrs") or "").decode().split("\r\n")[1:]
         headers = dict(line.split(": ", 1) for line in raw if line)
         body = base64.b64decode(message.get("data") or "")
-        messages.append(Stored(seq, message["subject"], headers, body))
+        stored_at = _rfc3339(message.get("time"))
+        messages.append(Stored(seq, message["subject"], headers, body, stored_at))
     return messages
+
+
+def _rfc3339(text: object) -> datetime | None:
+    """The server's time stamp (nanoseconds, `Z`) as a datetime (to the microsecond)."""
+    if not isinstance(text, str):
+        return None
+    whole, _, fraction = text.rstrip("Z").partition(".")
+    micros = (fraction + "000000")[:6]
+    return datetime.fromisoformat(f"{whole}.{micros}+00:00")

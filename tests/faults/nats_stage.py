@@ -57,6 +57,11 @@ class NatsStage:
     # The stream takes atomic batches and the marker subjects: relayd runs the route in
     # atomic-marker mode where the server supports it (NATS 2.12.1+), window mode elsewhere.
     atomic: bool = False
+    # lease_s - sink.timeout_s of the scene's relays (FAST's unless a scenario says
+    # otherwise): the latest a message may be stored after its claim.
+    send_window_s: float = float(FAST["RELAYD_RELAY__LEASE_S"]) - float(
+        FAST["RELAYD_SINK__TIMEOUT_S"]
+    )
 
     async def add_stream(self, *, atomic: bool = False, **config: Any) -> None:
         subjects = ["events.>", f"{MARKER_PREFIX}.*"] if atomic else ["events.>"]
@@ -131,6 +136,7 @@ class NatsStage:
             {EVENT_TYPE: SUBJECT},
             self.planted,
             markers=MARKER_PREFIX if self.atomic and self._batches() else None,
+            send_window_s=self.send_window_s,
         )
         return await check_stream(self.scene.conn, self.client, expected, table=self.scene.table)
 

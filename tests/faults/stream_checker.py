@@ -22,6 +22,7 @@ import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -45,6 +46,10 @@ class Expected:
     # Atomic-marker mode: each published event's marker on `<markers>.<id>`, stored just
     # before it (one batch); None: no markers expected.
     markers: str | None = None
+    # lease_s - sink.timeout_s of the relays: an attempt starts before lease_s - 2 x
+    # timeout_s from its claim (its start-by time, C4) and ends within timeout_s, so no
+    # message may be stored later than this after the claim that sent it.
+    send_window_s: float | None = None
 
 
 def ledger_of(messages: list[Stored]) -> dict[str, Any]:
@@ -172,6 +177,40 @@ def marker_problems(
     return problems
 
 
+def late_stores(
+    messages: Sequence[Stored], claims: Sequence[Mapping[str, Any]], expected: Expected
+) -> list[str]:
+    """Messages stored after their start-by bound (C4): later than `send_window_s` after
+    the row's latest claim (`claims`: event_id, tx_now, in order) before the store, or
+    before any claim of the row at all (planted messages aside)."""
+    assert expected.send_window_s is not None
+    claimed: dict[str, list[datetime]] = {}
+    for claim in claims:
+        claimed.setdefault(claim["event_id"], []).append(claim["tx_now"])
+    problems = []
+    for message in messages:
+        if message.event_id in expected.planted or message.stored_at is None:
+            continue
+        before = [at for at in claimed.get(message.event_id, []) if at <= message.stored_at]
+        if not before:
+            problems.append(f"{message.event_id}: stored (seq {message.seq}) before any claim")
+            continue
+        late_s = (message.stored_at - before[-1]).total_seconds() - expected.send_window_s
+        if late_s > 0:
+            problems.append(
+                f"{message.event_id}: stored {late_s:.3f} s past its claim's start-by bound "
+                f"({expected.send_window_s:g} s after the claim at {before[-1].isoformat()})"
+            )
+    return problems
+
+
+# Each claim of a row (a new lease owner): when its transaction ran.
+_CLAIMS = (
+    "SELECT event_id::text AS event_id, tx_now FROM relayd_test.transitions "
+    "WHERE outbox = $1 AND new_lease_owner IS NOT NULL "
+    "AND new_lease_owner IS DISTINCT FROM old_lease_owner ORDER BY serial"
+)
+
 _ROWS = "SELECT event_id::text AS event_id, job::text AS job, published_at, dead_reason FROM {t}"
 
 
@@ -190,6 +229,9 @@ async def check_stream(
     problems = stream_problems(rows, messages, expected)
     if expected.markers is not None:
         problems += marker_problems(rows, stored, markers)
+    if expected.send_window_s is not None:
+        claims = [dict(r) for r in await conn.fetch(_CLAIMS, str(OutboxTable.parse(table)))]
+        problems += late_stores(messages, claims, expected)
     if problems:
         raise AssertionError(
             f"stream check: {len(problems)} problem(s) over {len(rows)} rows and "

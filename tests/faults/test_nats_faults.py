@@ -129,6 +129,9 @@ async def test_a_claim_answered_after_its_lease_publishes_nothing(stage: NatsSta
     (its proxy to NATS forwards no publish; the stream's dedupe would hide a late resend)
     and its settle is fenced (counted stale)."""
     await stage.add_stream()
+    stage.send_window_s = float(LATE_TIMING["RELAYD_RELAY__LEASE_S"]) - float(
+        LATE_TIMING["RELAYD_SINK__TIMEOUT_S"]
+    )
     database = TcpProxy.for_dsn(stage.scene.dsn)
     await database.start()
     try:

@@ -4,16 +4,17 @@ reported (tests/faults/stream_checker.py), and a clean stream is not."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from relayd.testing.nats import Stored
+from relayd.testing.nats import Stored, read_stream
 from tests.faults.nats_stage import NatsStage
 from tests.faults.stream_checker import (
     Expected,
     body_of,
+    late_stores,
     ledger_of,
     marker_problems,
     split_markers,
@@ -132,6 +133,29 @@ def test_markers_each_just_before_its_event() -> None:
     ]
 
 
+def test_a_message_stored_past_its_start_by_bound() -> None:
+    """C4 at the stream: a message stored later than lease_s - timeout_s after the row's
+    latest claim before it, or before any claim of the row, is reported; the planted
+    conflict is not."""
+    window = Expected(**{**EXPECTED.__dict__, "planted": {"e4": b"x"}, "send_window_s": 2.0})
+    claim = NOW
+    claims = [
+        {"event_id": "e1", "tx_now": claim},
+        {"event_id": "e2", "tx_now": claim},
+        {"event_id": "e2", "tx_now": claim + timedelta(seconds=5)},
+    ]
+
+    def at(event_id: str, seq: int, after_s: float) -> Stored:
+        stored_at = NOW + timedelta(seconds=after_s)
+        return Stored(seq, "events.orders", {"Nats-Msg-Id": event_id}, b"{}", stored_at)
+
+    messages = [at("e1", 1, 1.9), at("e2", 2, 6.0), at("e4", 3, 0.0)]
+    assert late_stores(messages, claims, window) == []
+    [late, early] = late_stores([at("e1", 1, 2.5), at("e3", 2, 1.0)], claims, window)
+    assert late.startswith("e1: stored 0.500 s past its claim's start-by bound")
+    assert early == "e3: stored (seq 2) before any claim"
+
+
 def test_the_ledger_counts_each_id_and_names_messages_without_one() -> None:
     """The stream as an emulator ledger: a count per id, the job rebuilt from the headers,
     and a message with no Nats-Msg-Id under a name no outbox row has."""
@@ -160,3 +184,4 @@ async def test_a_stray_message_fails_the_check(stage: NatsStage) -> None:
     )
     with pytest.raises(AssertionError, match="unexpected \\(1\\): not-an-event"):
         await stage.check()
+    assert all(m.stored_at is not None for m in await read_stream(stage.client, "EVENTS"))
