@@ -23,6 +23,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,11 +223,9 @@ def _poison_jobs() -> dict[str, dict[str, Any]]:
 
 async def _produce(conn: asyncpg.Connection, rows: int, summary: Summary) -> None:
     """Commit orders and their outbox rows together, ORDERS_PER_TX per transaction."""
-    poison = list(_poison_jobs().items())
-    poison_at = {rows * (i + 1) // (len(poison) + 1): item for i, item in enumerate(poison)}
-    for start in range(1, rows + 1, ORDERS_PER_TX):
-        order_ids = range(start, min(start + ORDERS_PER_TX, rows + 1))
-        jobs = [
+
+    def jobs_for(order_ids: range) -> list[dict[str, Any]]:
+        return [
             new_job(
                 "order.fulfill",
                 [{"order_id": order_id, "version": 1}],
@@ -235,7 +234,38 @@ async def _produce(conn: asyncpg.Connection, rows: int, summary: Summary) -> Non
             )
             for order_id in order_ids
         ]
+
+    await produce_orders(conn, rows, summary, Orders(jobs_for, _poison_jobs()))
+
+
+# Called before each transaction commits, with its jobs and its poison rows (reason, job).
+BeforeCommit = Callable[[list[dict[str, Any]], list[tuple[str, dict[str, Any]]]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Orders:
+    """What a demo commits: the outbox rows of a run of orders, the poison rows spread among
+    them (by the reason each is expected to be dead-lettered for), and what to do before each
+    transaction commits."""
+
+    jobs_for: Callable[[range], list[dict[str, Any]]]
+    poison: dict[str, dict[str, Any]]
+    before_commit: BeforeCommit | None = None
+
+
+async def produce_orders(
+    conn: asyncpg.Connection, rows: int, summary: Summary, orders: Orders
+) -> None:
+    """Commit `rows` orders and their outbox rows together, ORDERS_PER_TX per transaction,
+    the poison rows spread among them; the summary counts what was committed."""
+    poison = list(orders.poison.items())
+    poison_at = {rows * (i + 1) // (len(poison) + 1): item for i, item in enumerate(poison)}
+    for start in range(1, rows + 1, ORDERS_PER_TX):
+        order_ids = range(start, min(start + ORDERS_PER_TX, rows + 1))
+        jobs = orders.jobs_for(order_ids)
         bad = [poison_at[order_id] for order_id in order_ids if order_id in poison_at]
+        if orders.before_commit is not None:
+            await orders.before_commit(jobs, bad)
         async with conn.transaction():
             await conn.executemany(
                 "INSERT INTO orders VALUES ($1, true)", [(order_id,) for order_id in order_ids]
@@ -339,14 +369,21 @@ async def _check_ledger(conn: asyncpg.Connection, sink_url: str, summary: Summar
         if differences(Envelope.parse(row["job"], row["event_id"]), entry["job"]):
             changed += 1
     unexpected = set(ledger) - {row["event_id"] for row in rows} - set(summary.poison)
-    for count, what in [
-        (missing, "published ids missing on the sink"),
-        (twice, "ids created more than once"),
-        (changed, "envelopes that differ on the sink"),
-        (len(unexpected), "jobs on the sink the outbox does not know"),
-    ]:
-        if count:
-            summary.problems.append(f"ledger check: {count} {what}")
+    note_problems(
+        summary,
+        "ledger check",
+        [
+            (missing, "published ids missing on the sink"),
+            (twice, "ids created more than once"),
+            (changed, "envelopes that differ on the sink"),
+            (len(unexpected), "jobs on the sink the outbox does not know"),
+        ],
+    )
+
+
+def note_problems(summary: Summary, check: str, counts: list[tuple[int, str]]) -> None:
+    """Each non-zero count becomes one of the summary's problems, named by `check`."""
+    summary.problems += [f"{check}: {count} {what}" for count, what in counts if count]
 
 
 def summary_lines(s: Summary, reconciled: str) -> list[tuple[str, str]]:
@@ -363,16 +400,23 @@ def summary_lines(s: Summary, reconciled: str) -> list[tuple[str, str]]:
 
 
 def _print_summary(s: Summary) -> None:
-    lines = summary_lines(s, "by GET after a lost answer")
+    print_summary(
+        s,
+        "by GET after a lost answer",
+        "ledger check",
+        "every published id is on the sink exactly once, with an identical envelope",
+    )
+
+
+def print_summary(s: Summary, reconciled: str, check: str, verdict: str) -> None:
+    """The summary, then the check's verdict: OK with `verdict`, or FAILED with each
+    problem."""
     print("summary")
-    for label, value in lines:
+    for label, value in summary_lines(s, reconciled):
         print(f"  {label:<18} {value}")
     if s.problems:
-        print("  ledger check       FAILED")
+        print(f"  {check:<18} FAILED")
         for problem in s.problems:
             print(f"    - {problem}")
     else:
-        print(
-            "  ledger check       OK: every published id is on the sink exactly once, "
-            "with an identical envelope"
-        )
+        print(f"  {check:<18} OK: {verdict}")

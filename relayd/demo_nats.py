@@ -35,16 +35,19 @@ from nats.js.api import StreamConfig
 
 from relayd.demo import (
     TABLE,
+    Orders,
     Summary,
+    note_problems,
+    print_summary,
+    produce_orders,
     progress,
     scrape_reconciled,
     stop_relay,
-    summary_lines,
     tally,
 )
 from relayd.events import META_OCCURRED_AT, META_VERSION
 from relayd.migrate import connect_and_migrate
-from relayd.producer import enqueue_many, new_job
+from relayd.producer import new_job
 from relayd.testing.nats import NatsServer, Stored, read_stream
 from relayd.testing.postgres import EmbeddedPostgres
 from relayd.testing.processes import free_port, relay_process
@@ -199,14 +202,15 @@ async def _produce(
 ) -> None:
     """Commit orders and their events together, ORDERS_PER_TX per transaction; put the
     first few events, and another message under the conflict's id, in the stream first."""
-    poison = list(_poison().items())
-    poison_at = {rows * (i + 1) // (len(poison) + 1): item for i, item in enumerate(poison)}
     js = client.jetstream()
-    for start in range(1, rows + 1, ORDERS_PER_TX):
-        order_ids = range(start, min(start + ORDERS_PER_TX, rows + 1))
-        jobs = [event({"order_id": n, "amount_cents": 100 * n}) for n in order_ids]
-        bad = [poison_at[n] for n in order_ids if n in poison_at]
-        for job in jobs if start == 1 else []:
+
+    def jobs_for(order_ids: range) -> list[dict[str, Any]]:
+        return [event({"order_id": n, "amount_cents": 100 * n}) for n in order_ids]
+
+    async def before_commit(
+        jobs: list[dict[str, Any]], bad: list[tuple[str, dict[str, Any]]]
+    ) -> None:
+        for job in jobs:
             if int(job["args"][0]["order_id"]) <= ALREADY_STORED:
                 await js.publish(SUBJECT, body_of(job["args"][0]), headers=headers_of(job))
         for reason, job in bad:
@@ -214,14 +218,8 @@ async def _produce(
                 planted[str(job["id"])] = b'{"someone":"else"}'
                 headers = {"Nats-Msg-Id": str(job["id"])}
                 await js.publish(SUBJECT, planted[str(job["id"])], headers=headers)
-        async with conn.transaction():
-            await conn.executemany(
-                "INSERT INTO orders VALUES ($1, true)", [(n,) for n in order_ids]
-            )
-            await enqueue_many(conn, jobs + [job for _, job in bad], table=TABLE)
-        summary.orders += len(jobs)
-        summary.poison.update((str(job["id"]), reason) for reason, job in bad)
-    summary.committed = summary.orders + len(summary.poison)
+
+    await produce_orders(conn, rows, summary, Orders(jobs_for, _poison(), before_commit))
 
 
 async def _check_stream(
@@ -259,28 +257,25 @@ async def _check_stream(
         if [m.body for m in by_id.get(event_id, [])] != [body]
     )
     unexpected = set(by_id) - {row["event_id"] for row in rows} - set(planted)
-    for count, what in [
-        (missing, "published ids missing from the stream"),
-        (twice, "ids stored more than once"),
-        (changed, "messages whose body, subject or headers differ from the event"),
-        (wrong_conflicts, "conflicting ids whose other message was replaced or joined"),
-        (len(unexpected), "messages in the stream the outbox does not know"),
-    ]:
-        if count:
-            summary.problems.append(f"stream check: {count} {what}")
+    note_problems(
+        summary,
+        "stream check",
+        [
+            (missing, "published ids missing from the stream"),
+            (twice, "ids stored more than once"),
+            (changed, "messages whose body, subject or headers differ from the event"),
+            (wrong_conflicts, "conflicting ids whose other message was replaced or joined"),
+            (len(unexpected), "messages in the stream the outbox does not know"),
+        ],
+    )
 
 
 def _print_summary(s: Summary, messages: int) -> None:
-    print("summary")
-    for label, value in summary_lines(s, "as already in the stream under their id"):
-        print(f"  {label:<18} {value}")
-    if s.problems:
-        print("  stream check       FAILED")
-        for problem in s.problems:
-            print(f"    - {problem}")
-    else:
-        print(
-            f"  stream check       OK: {messages:,} messages in {STREAM}; every published id in "
-            "it exactly once,\n                     with its body and headers; the conflict's "
-            "other message left alone"
-        )
+    print_summary(
+        s,
+        "as already in the stream under their id",
+        "stream check",
+        f"{messages:,} messages in {STREAM}; every published id in it exactly once,\n"
+        "                     with its body and headers; the conflict's other message left "
+        "alone",
+    )
