@@ -23,7 +23,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,12 +70,18 @@ class Summary:
 def run_demo(rows: int, *, keep: bool = False) -> int:
     """Run the demo; returns the process exit code. `keep`: then keep PostgreSQL and the
     emulator running for the operator commands until SIGINT or SIGTERM."""
-    base = Path(tempfile.mkdtemp(prefix="relayd-demo-"))
+    return run_in("relayd-demo-", lambda base: _demo(base, rows, keep=keep))
+
+
+def run_in(prefix: str, demo: Callable[[Path], Coroutine[Any, Any, int]]) -> int:
+    """Run `demo` in a fresh directory (`prefix`...); its exit code, 1 with one line if an
+    embedded server or a child did not start, 130 on ^C."""
+    base = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        return asyncio.run(_demo(base, rows, keep=keep))
+        return asyncio.run(demo(base))
     except BaseException as exc:
         # Keep what can explain the failure (the children's logs); leave no empty directory.
-        if any(base.glob("*.log")):
+        if any(base.glob("*.log")) or any(base.glob("*/*.log")):
             print(f"  logs kept in {base}", file=sys.stderr)
         else:
             shutil.rmtree(base, ignore_errors=True)
@@ -90,13 +96,7 @@ def run_demo(rows: int, *, keep: bool = False) -> int:
 async def _demo(base: Path, rows: int, *, keep: bool) -> int:
     print("relayd demo")
     async with AsyncExitStack() as stack:
-        pg = EmbeddedPostgres(base / "pg").start()
-        stack.callback(pg.stop)
-        admin = await asyncpg.connect(pg.dsn())
-        await admin.execute("CREATE DATABASE demo")
-        await admin.close()
-        dsn = pg.dsn("demo")
-        print(f"  PostgreSQL    embedded, socket in {base / 'pg'}")
+        dsn = await embedded_database(stack, base)
 
         sink_url = await stack.enter_async_context(emulator_process(base))
         print(f"  OJS emulator  {sink_url} (separate process)")
@@ -104,14 +104,7 @@ async def _demo(base: Path, rows: int, *, keep: bool) -> int:
             await http.post(f"{sink_url}/_emulator/faults", json=DEMO_FAULTS)
         print("  sink faults   2 batch answers and 3 single answers lost after storing; 3 x 503")
 
-        report = await connect_and_migrate(dsn, TABLE)
-        names = ", ".join(f"{m.version:04d}_{m.name}" for m in report.applied)
-        print(f"  migrate       applied {names} to {TABLE}")
-
-        conn = await asyncpg.connect(dsn)  # the application's
-        stack.push_async_callback(conn.close)
-        watch = await asyncpg.connect(dsn)  # the operator's
-        stack.push_async_callback(watch.close)
+        conn, watch = await migrated(stack, dsn)
         await _rolled_back_order(conn)
 
         metrics_port = free_port()
@@ -130,14 +123,14 @@ async def _demo(base: Path, rows: int, *, keep: bool) -> int:
         print(f"  relayd run    pid {relay.pid}, 4 workers, batch auto")
         print()
         summary = Summary()
-        started = time.monotonic()
-        producing = asyncio.create_task(_produce(conn, rows, summary))
-        await progress(watch, producing, rows, started)
-        await producing
-        summary.elapsed_s = time.monotonic() - started
-        summary.reconciled = await scrape_reconciled(metrics_port)
-        await stop_relay(relay, summary)
-        await tally(watch, summary)
+        await relay_through(
+            watch,
+            _produce(conn, rows, summary),
+            rows=rows,
+            relay=relay,
+            metrics_port=metrics_port,
+            summary=summary,
+        )
         await _check_ledger(watch, sink_url, summary)
         _print_summary(summary)
         if keep:
@@ -147,6 +140,53 @@ async def _demo(base: Path, rows: int, *, keep: bool) -> int:
         return 1
     shutil.rmtree(base, ignore_errors=True)
     return 0
+
+
+async def embedded_database(stack: AsyncExitStack, base: Path) -> str:
+    """Start the embedded PostgreSQL (stopped with `stack`) with a `demo` database; its DSN."""
+    pg = EmbeddedPostgres(base / "pg").start()
+    stack.callback(pg.stop)
+    admin = await asyncpg.connect(pg.dsn())
+    await admin.execute("CREATE DATABASE demo")
+    await admin.close()
+    print(f"  PostgreSQL    embedded, socket in {base / 'pg'}")
+    return pg.dsn("demo")
+
+
+async def migrated(
+    stack: AsyncExitStack, dsn: str
+) -> tuple[asyncpg.Connection, asyncpg.Connection]:
+    """Migrate the outbox; the application's connection and the operator's (closed with
+    `stack`)."""
+    report = await connect_and_migrate(dsn, TABLE)
+    names = ", ".join(f"{m.version:04d}_{m.name}" for m in report.applied)
+    print(f"  migrate       applied {names} to {TABLE}")
+    conn = await asyncpg.connect(dsn)  # the application's
+    stack.push_async_callback(conn.close)
+    watch = await asyncpg.connect(dsn)  # the operator's
+    stack.push_async_callback(watch.close)
+    return conn, watch
+
+
+async def relay_through(  # noqa: PLR0913 - the run's parts, each named at the two calls
+    watch: asyncpg.Connection,
+    producing: Coroutine[Any, Any, None],
+    *,
+    rows: int,
+    relay: asyncio.subprocess.Process,
+    metrics_port: int,
+    summary: Summary,
+) -> None:
+    """Commit the rows while the relay publishes them, with a progress bar, until drained;
+    then stop the relay and count what became of every row."""
+    started = time.monotonic()
+    task = asyncio.create_task(producing)
+    await progress(watch, task, rows, started)
+    await task
+    summary.elapsed_s = time.monotonic() - started
+    summary.reconciled = await scrape_reconciled(metrics_port)
+    await stop_relay(relay, summary)
+    await tally(watch, summary)
 
 
 async def _keep_running(base: Path, dsn: str, sink_url: str) -> None:

@@ -20,9 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import sys
-import tempfile
-import time
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,19 +34,17 @@ from relayd.demo import (
     TABLE,
     Orders,
     Summary,
+    embedded_database,
+    migrated,
     note_problems,
     print_summary,
     produce_orders,
-    progress,
-    scrape_reconciled,
-    stop_relay,
-    tally,
+    relay_through,
+    run_in,
 )
 from relayd.events import META_OCCURRED_AT, META_VERSION
-from relayd.migrate import connect_and_migrate
 from relayd.producer import new_job
 from relayd.testing.nats import NatsServer, Stored, read_stream
-from relayd.testing.postgres import EmbeddedPostgres
 from relayd.testing.processes import free_port, relay_process
 
 STREAM = "EVENTS"
@@ -66,20 +61,7 @@ ALREADY_STORED = 5
 
 def run_nats_demo(rows: int) -> int:
     """Run the demo; returns the process exit code."""
-    base = Path(tempfile.mkdtemp(prefix="relayd-demo-nats-"))
-    try:
-        return asyncio.run(_demo(base, rows))
-    except BaseException as exc:
-        if any(base.glob("*.log")) or any(base.glob("nats/*.log")):
-            print(f"  logs kept in {base}", file=sys.stderr)
-        else:
-            shutil.rmtree(base, ignore_errors=True)
-        if isinstance(exc, KeyboardInterrupt):
-            return 130
-        if isinstance(exc, RuntimeError | OSError):  # no embedded server, a child not starting
-            print(f"relayd: demo failed: {exc}", file=sys.stderr)
-            return 1
-        raise
+    return run_in("relayd-demo-nats-", lambda base: _demo(base, rows))
 
 
 def event(data: dict[str, Any], *, event_type: str = EVENT_TYPE, **meta: Any) -> dict[str, Any]:
@@ -115,13 +97,7 @@ def body_of(data: Any) -> bytes:
 async def _demo(base: Path, rows: int) -> int:
     print("relayd demo --sink nats")
     async with AsyncExitStack() as stack:
-        pg = EmbeddedPostgres(base / "pg").start()
-        stack.callback(pg.stop)
-        admin = await asyncpg.connect(pg.dsn())
-        await admin.execute("CREATE DATABASE demo")
-        await admin.close()
-        dsn = pg.dsn("demo")
-        print(f"  PostgreSQL    embedded, socket in {base / 'pg'}")
+        dsn = await embedded_database(stack, base)
 
         server = NatsServer(base / "nats")
         await asyncio.to_thread(server.start)
@@ -131,14 +107,7 @@ async def _demo(base: Path, rows: int) -> int:
         await client.jetstream().add_stream(StreamConfig(name=STREAM, subjects=["events.>"]))
         print(f"  nats-server   {server.url} (embedded), stream {STREAM} on events.>")
 
-        report = await connect_and_migrate(dsn, TABLE)
-        names = ", ".join(f"{m.version:04d}_{m.name}" for m in report.applied)
-        print(f"  migrate       applied {names} to {TABLE}")
-
-        conn = await asyncpg.connect(dsn)  # the application's
-        stack.push_async_callback(conn.close)
-        watch = await asyncpg.connect(dsn)  # the operator's
-        stack.push_async_callback(watch.close)
+        conn, watch = await migrated(stack, dsn)
         await conn.execute(
             "CREATE TABLE IF NOT EXISTS orders (id bigint PRIMARY KEY, paid boolean NOT NULL)"
         )
@@ -165,14 +134,10 @@ async def _demo(base: Path, rows: int) -> int:
         print()
         summary = Summary()
         planted: dict[str, bytes] = {}
-        started = time.monotonic()
-        producing = asyncio.create_task(_produce(conn, client, rows, summary, planted))
-        await progress(watch, producing, rows, started)
-        await producing
-        summary.elapsed_s = time.monotonic() - started
-        summary.reconciled = await scrape_reconciled(metrics_port)
-        await stop_relay(relay, summary)
-        await tally(watch, summary)
+        producing = _produce(conn, client, rows, summary, planted)
+        await relay_through(
+            watch, producing, rows=rows, relay=relay, metrics_port=metrics_port, summary=summary
+        )
         messages = await read_stream(client, STREAM)
         await _check_stream(watch, messages, planted, summary)
         _print_summary(summary, len(messages))
