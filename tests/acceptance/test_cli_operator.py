@@ -8,6 +8,7 @@ import json
 import asyncpg
 import pytest
 
+from relayd.models import DeadReason
 from relayd.producer import uuid7
 from tests.support import Database, produce, run_relayd_blocking
 
@@ -135,9 +136,8 @@ async def test_dlq_show_prints_the_envelope_and_refuses_other_rows(
         (["dlq", "list", "--limit", "ten"], "dlq list: --limit: expected a whole number"),
         (
             ["dlq", "list", "--reason", "max_attempt"],
-            "dlq list: --reason: 'max_attempt' is not a dead reason (invalid_envelope, "
-            "too_large, sink_rejected, sink_too_large, sink_unprocessable, conflict, "
-            "no_route, max_attempts, held_discarded)",
+            "dlq list: --reason: 'max_attempt' is not a dead reason "
+            f"({', '.join(reason.value for reason in DeadReason)})",
         ),
         (["dlq", "list", "--queue", ""], "dlq list: --queue: must not be empty"),
         (["dlq", "show", "not-a-uuid"], "dlq show: ID: not a UUID: 'not-a-uuid'"),
