@@ -82,6 +82,10 @@ _RECONNECT_WAIT_S = 1
 _FACTS_TTL_S = 60.0
 
 
+# Asked on every claim: one value.
+_CAPABILITIES = Capabilities(batches=False, reconcile_by_id=False)
+
+
 class NatsSink:
     """Publishes rows as events to one JetStream stream.
 
@@ -132,7 +136,7 @@ class NatsSink:
         # sequence or subject, never by message id, so an unanswered publish is re-sent with
         # the same id; the route's mode keeps the stream from storing it twice, or the
         # window and sink.past_window decide (docs/nats.md#deduplication).
-        return Capabilities(batches=False, reconcile_by_id=False)
+        return _CAPABILITIES
 
     async def start(self) -> None:
         """Nothing to open yet: the connection is made by the first exchange, so a server

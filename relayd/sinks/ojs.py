@@ -87,6 +87,8 @@ class OjsSink:
     ) -> None:
         self._settings = settings
         self._url = settings.base_url
+        # Asked on every claim: built once.
+        self._capabilities = Capabilities(batches=settings.batch != "off", reconcile_by_id=True)
         self._health = health
         self._observe = observe
         # The monotonic clock of what the sink caches: the manifest, the token file's looks.
@@ -135,7 +137,7 @@ class OjsSink:
 
     @property
     def capabilities(self) -> Capabilities:
-        return Capabilities(batches=self._settings.batch != "off", reconcile_by_id=True)
+        return self._capabilities
 
     # --- the Sink interface ---
 
