@@ -31,8 +31,9 @@ ExchangeObserver = Callable[[str, str], None]
 class Capabilities:
     """What the relay may ask of a sink, asked rather than assumed."""
 
-    # Whether several rows may travel in one request: if not, the relay sends each row in
-    # a request of its own and never asks the sink to group them.
+    # Whether several rows may go out in one attempt (a batch request, a pipeline of
+    # publishes), each still with an outcome of its own: if not, the relay sends each row in
+    # an attempt of its own and never asks the sink to group them.
     batches: bool
     # Whether the sink can say what it holds under a row's id. With it, a row an earlier
     # attempt may have delivered is looked up before it is sent again, and an ambiguous
