@@ -16,6 +16,8 @@ only for the one it uses.
 `append` raises, inside the caller's transaction (which it may then roll back):
 
     AppendError             the event is not in the outbox; nothing was written
+    ├── NotInTransaction    the connection is in no transaction: the event would commit
+    │                       alone, without the business change (asyncpg, psycopg)
     ├── InvalidEvent        an envelope the table's checks or the relay would refuse (the
     │                       id is not a UUIDv7, args is not an array, a NUL in a string, ...)
     ├── EventTooLarge       over sink.max_envelope_bytes, or (NATS) the event's data over
@@ -77,6 +79,10 @@ _UUID7 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0
 
 class AppendError(RelaydError):
     """The event cannot be appended; nothing was written."""
+
+
+class NotInTransaction(AppendError):
+    """The connection is in no transaction: the event would commit alone."""
 
 
 class InvalidEvent(AppendError, ValueError):
@@ -350,6 +356,11 @@ def settle(event_id: str, same: bool | None) -> bool:
     return True
 
 
+NO_TRANSACTION = (
+    "append runs in the transaction that makes the business change; this connection is in "
+    "none (asyncpg: conn.transaction(); psycopg: autocommit off, or conn.transaction())"
+)
+
 # Inserting again after the stored row vanished between the two statements (retention
 # cleanup deleted it) is tried this many times in all; the race needs a deletion each time.
 INSERT_TRIES = 3
@@ -385,6 +396,8 @@ async def append(
     """Append `event` in `conn`'s transaction (asyncpg); a no-op if the outbox holds the
     same envelope under its id. `AppendError` (module docstring) if it cannot."""
     event_id, job = outbox.prepare(event)
+    if not conn.is_in_transaction():
+        raise NotInTransaction(NO_TRANSACTION)
     insert, compare = statements(outbox.table, "$")
     for _ in range(INSERT_TRIES):
         if await conn.fetchval(insert, event_id, job) is not None:

@@ -9,11 +9,14 @@ from collections.abc import Coroutine, Mapping
 from typing import Any, overload
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from relayd.producer import (
     INSERT_TRIES,
+    NO_TRANSACTION,
     AppendError,
     Event,
+    NotInTransaction,
     Outbox,
     settle,
     statements,
@@ -46,6 +49,9 @@ def append(
     """Append `event` in `conn`'s transaction (await it on an `AsyncConnection`); a no-op
     if the outbox holds the same envelope under its id. `AppendError` if it cannot."""
     event_id, job = outbox.prepare(event)  # raised at the call, before any await
+    # Without autocommit, psycopg opens a transaction at the first statement.
+    if conn.autocommit and conn.info.transaction_status != TransactionStatus.INTRANS:
+        raise NotInTransaction(NO_TRANSACTION)
     params = {"id": event_id, "job": job}
     insert, compare = statements(outbox.table, "%s")
     if isinstance(conn, psycopg.AsyncConnection):

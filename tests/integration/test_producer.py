@@ -21,7 +21,15 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from relayd import producer, producer_psycopg, producer_sqlalchemy
-from relayd.producer import Event, EventIdConflict, EventTooLarge, Outbox, define_event, new_job
+from relayd.producer import (
+    Event,
+    EventIdConflict,
+    EventTooLarge,
+    NotInTransaction,
+    Outbox,
+    define_event,
+    new_job,
+)
 from tests.support import Database, eventually
 
 
@@ -432,3 +440,23 @@ async def test_repeatable_read_refuses_the_racing_append(shop: Shop) -> None:
         await first.close()
         await second.close()
     assert await shop.stored(event.id) == {"outbox": {event.id: event.envelope}, "orders": []}
+
+
+async def test_append_outside_a_transaction_is_refused(shop: Shop) -> None:
+    """On a connection in no transaction (asyncpg outside `transaction()`, psycopg in
+    autocommit), `append` refuses rather than commit the event alone."""
+    event = _event()
+    with pytest.raises(NotInTransaction, match="in none"):
+        await producer.append(shop.conn, event)
+    sync = await asyncio.to_thread(lambda: psycopg.connect(shop.dsn, autocommit=True))
+    try:
+        with pytest.raises(NotInTransaction):
+            producer_psycopg.append(sync, event)
+        with sync.transaction():
+            producer_psycopg.append(sync, event)
+    finally:
+        sync.close()
+    async with await psycopg.AsyncConnection.connect(shop.dsn, autocommit=True) as aconn:
+        with pytest.raises(NotInTransaction):
+            await producer_psycopg.append(aconn, event)
+    assert (await shop.stored(event.id))["outbox"] == {event.id: event.envelope}
