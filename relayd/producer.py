@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -277,6 +277,8 @@ class Outbox:
                 text = _json_text(dict(event))
             except (TypeError, ValueError) as exc:
                 raise InvalidEvent(f"the envelope is not JSON: {exc}") from None
+            except RecursionError:
+                raise InvalidEvent("the envelope nests too deep to be JSON") from None
         envelope = _checked(text)
         oversized = too_large(len(_stored_text(text)), self.max_envelope_bytes)
         if oversized is not None:
@@ -366,7 +368,13 @@ NO_TRANSACTION = (
 INSERT_TRIES = 3
 
 
-def statements(table: OutboxTable, style: str) -> tuple[str, str]:
+def vanished(event_id: str) -> AppendError:
+    """The id was taken at each insert and free at each read that followed: retention
+    cleanup deleting rows faster than the append could look (`INSERT_TRIES`)."""
+    return AppendError(f"event {event_id}: its stored row kept vanishing; append it again")
+
+
+def statements(table: OutboxTable, style: Literal["$", "%s", ":"]) -> tuple[str, str]:
     """The insert that does nothing on a taken id and the comparison read in a new
     statement, with placeholders in the driver's `style`: `$` (asyncpg, by position), `%s`
     (psycopg, by name) or `:` (SQLAlchemy's text(), by name; it takes no `::` after a name,
@@ -404,7 +412,7 @@ async def append(
             return
         if settle(event_id, await conn.fetchval(compare, event_id, job)):
             return
-    raise AppendError(f"event {event_id}: its stored row kept vanishing; append it again")
+    raise vanished(event_id)
 
 
 def uuid7(now_s: float | None = None) -> str:

@@ -14,12 +14,12 @@ from psycopg.pq import TransactionStatus
 from relayd.producer import (
     INSERT_TRIES,
     NO_TRANSACTION,
-    AppendError,
     Event,
     NotInTransaction,
     Outbox,
     settle,
     statements,
+    vanished,
 )
 
 _DEFAULT_OUTBOX = Outbox()
@@ -62,7 +62,7 @@ def append(
         row = conn.execute(compare, params).fetchone()
         if settle(event_id, None if row is None else row[0]):
             return None
-    raise AppendError(f"event {event_id}: its stored row kept vanishing; append it again")
+    raise vanished(event_id)
 
 
 async def _append_async(
@@ -74,4 +74,4 @@ async def _append_async(
         row = await (await conn.execute(compare, params)).fetchone()
         if settle(params["id"], None if row is None else row[0]):
             return
-    raise AppendError(f"event {params['id']}: its stored row kept vanishing; append it again")
+    raise vanished(params["id"])

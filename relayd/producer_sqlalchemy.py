@@ -15,11 +15,11 @@ from sqlalchemy.orm import Session
 
 from relayd.producer import (
     INSERT_TRIES,
-    AppendError,
     Event,
     Outbox,
     settle,
     statements,
+    vanished,
 )
 
 _DEFAULT_OUTBOX = Outbox()
@@ -59,7 +59,7 @@ def append(
             return None
         if settle(event_id, conn.execute(compare, params).scalar()):
             return None
-    raise AppendError(f"event {event_id}: its stored row kept vanishing; append it again")
+    raise vanished(event_id)
 
 
 async def _append_async(
@@ -73,4 +73,4 @@ async def _append_async(
             return
         if settle(params["id"], (await conn.execute(compare, params)).scalar()):
             return
-    raise AppendError(f"event {params['id']}: its stored row kept vanishing; append it again")
+    raise vanished(params["id"])

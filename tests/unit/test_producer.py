@@ -29,6 +29,7 @@ from relayd.producer import (
     Outbox,
     define_event,
     new_job,
+    settle,
     uuid7,
 )
 from relayd.sinks.nats_message import Route, Routes
@@ -156,6 +157,13 @@ def test_meta_holds_no_trace_without_a_span() -> None:
     assert set(event.meta) == {META_VERSION, META_OCCURRED_AT}
 
 
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 def _job(**fields: Any) -> dict[str, Any]:
     job = new_job("order.updated", [{"order_id": 1}], meta={"version": 1})
     job.update(fields)
@@ -176,6 +184,8 @@ def _job(**fields: Any) -> dict[str, Any]:
         (_job(args=["\ud800"]), "lone surrogate"),
         (_job(args=[float("nan")]), "not JSON"),
         (_job(args=[object()]), "not JSON"),
+        (_job(args=_nested(300)), "nested deeper than 256"),
+        (_job(args=_nested(100_000)), "nests too deep"),
     ],
     ids=[
         "uuidv4",
@@ -189,6 +199,8 @@ def _job(**fields: Any) -> dict[str, Any]:
         "surrogate",
         "nan",
         "object",
+        "deep",
+        "too-deep-for-json",
     ],
 )
 def test_envelopes_the_table_or_relay_refuse_fail_at_append(
@@ -255,6 +267,21 @@ def test_nats_refusals_fail_at_append(event: Any, error: type[AppendError], mess
     """What the NATS sink would dead-letter unsent fails at the source, by kind."""
     with pytest.raises(error, match=message):
         NATS.prepare(event)
+
+
+@pytest.mark.parametrize(
+    ("same", "done"), [(True, True), (None, False)], ids=["same-envelope", "row-gone"]
+)
+def test_settle_after_a_taken_id(same: bool | None, done: bool) -> None:
+    """The same stored envelope ends the append; a row gone since (retention) inserts again."""
+    assert settle(uuid7(), same) is done
+
+
+def test_settle_on_another_envelope_is_a_conflict() -> None:
+    """Another stored envelope under the id is `EventIdConflict`."""
+    event_id = uuid7()
+    with pytest.raises(EventIdConflict, match=event_id):
+        settle(event_id, same=False)
 
 
 def test_event_id_conflict_names_the_id() -> None:
