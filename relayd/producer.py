@@ -135,6 +135,7 @@ class Event:
 
     @property
     def meta(self) -> dict[str, Any]:
+        """The envelope's meta: version, occurred_at, and the producer's trace context."""
         value: dict[str, Any] = self.envelope["meta"]
         return value
 

@@ -32,7 +32,7 @@ from relayd.producer import (
     settle,
     uuid7,
 )
-from relayd.sinks.nats_message import Route, Routes
+from relayd.sinks.nats_message import NatsMessage, Route, Routes, message_for
 
 
 class OrderUpdatedV1(BaseModel):
@@ -67,6 +67,25 @@ def test_an_event_is_the_envelope_every_sink_reads() -> None:
         data={"order_id": 42, "status": "paid", "orderNote": ""},
     )
     assert OrderUpdatedV1.model_validate(read.data) == OrderUpdatedV1(order_id=42, status="paid")
+
+
+def test_the_nats_sink_sends_the_events_data_and_time() -> None:
+    """The NATS sink publishes an event's data as its body and its time and version as
+    CloudEvents headers, on its type's route."""
+    event = OrderUpdated.new({"order_id": 42, "status": "paid"}, occurred_at=AT)
+    message = message_for(
+        Envelope.parse(event.job, event.id),
+        Routes([Route("order.updated", "events.orders")]),
+        stream="EVENTS",
+        source="shop",
+        max_body_bytes=1024,
+    )
+    assert isinstance(message, NatsMessage)
+    assert message.subject == "events.orders"
+    assert json.loads(message.body) == {"order_id": 42, "status": "paid", "orderNote": ""}
+    assert message.headers["ce-time"] == "2024-05-01T12:00:00.500000Z"
+    assert message.headers["ce-dataversion"] == "1"
+    assert message.headers["Nats-Msg-Id"] == event.id
 
 
 def test_defaults_are_a_new_uuidv7_and_now() -> None:
