@@ -30,7 +30,8 @@ from relayd.producer import (
     define_event,
     new_job,
 )
-from tests.support import Database, eventually
+from relayd.testing.emulator import RunningEmulator
+from tests.support import Database, eventually, relay_settings, run_until_idle
 
 
 class OrderUpdatedV1(BaseModel):
@@ -460,3 +461,22 @@ async def test_append_outside_a_transaction_is_refused(shop: Shop) -> None:
         with pytest.raises(NotInTransaction):
             await producer_psycopg.append(aconn, event)
     assert (await shop.stored(event.id))["outbox"] == {event.id: event.envelope}
+
+
+async def test_an_appended_event_is_the_job_the_ojs_sink_enqueues(
+    database: Database, conn: asyncpg.Connection, emulator: RunningEmulator
+) -> None:
+    """The relay publishes an appended event unchanged: the OJS server holds its type,
+    `args = [data]` and meta, on its queue, once."""
+    shipped = define_event("order.shipped", 1, OrderUpdatedV1, queue="orders")
+    event = shipped.new(OrderUpdatedV1(order_id=7, status="shipped"))
+    async with conn.transaction():
+        await producer.append(conn, event)
+    await run_until_idle(relay_settings(database.dsn, emulator.url))
+    entry = emulator.emulator.ledger()[event.id]
+    assert entry.created == 1
+    assert entry.queue == "orders"
+    assert entry.job is not None
+    assert {key: entry.job[key] for key in ("id", "type", "args", "meta")} == {
+        key: event.envelope[key] for key in ("id", "type", "args", "meta")
+    }
