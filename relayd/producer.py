@@ -26,7 +26,10 @@ only for the one it uses.
     └── EventIdConflict     the outbox already holds another envelope under this id
 
 Appending an id the outbox holds with the same envelope (by jsonb equality) does nothing: a
-retried transaction callback, a redelivered request.
+retried transaction callback, a redelivered request. Two transactions racing on one id end
+with one row: at READ COMMITTED the second waits for the first, then finds its row (no-op
+or `EventIdConflict`); at REPEATABLE READ or SERIALIZABLE PostgreSQL fails the second with a
+serialization failure, for the caller to retry (docs/producers.md#idempotence).
 """
 
 from __future__ import annotations
