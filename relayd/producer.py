@@ -399,11 +399,12 @@ def statements(table: OutboxTable, style: Literal["$", "%s", ":"]) -> tuple[str,
 
 # --- asyncpg ------------------------------------------------------------------------------
 
-_DEFAULT_OUTBOX = Outbox()
+# `relayd.outbox` with the daemon's default bound: what `append` checks unless told otherwise.
+DEFAULT_OUTBOX = Outbox()
 
 
 async def append(
-    conn: asyncpg.Connection, event: Event | Mapping[str, Any], *, outbox: Outbox = _DEFAULT_OUTBOX
+    conn: asyncpg.Connection, event: Event | Mapping[str, Any], *, outbox: Outbox = DEFAULT_OUTBOX
 ) -> None:
     """Append `event` in `conn`'s transaction (asyncpg); a no-op if the outbox holds the
     same envelope under its id. `AppendError` (module docstring) if it cannot."""

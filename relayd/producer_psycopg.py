@@ -12,6 +12,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from relayd.producer import (
+    DEFAULT_OUTBOX,
     INSERT_TRIES,
     NO_TRANSACTION,
     Event,
@@ -21,8 +22,6 @@ from relayd.producer import (
     statements,
     vanished,
 )
-
-_DEFAULT_OUTBOX = Outbox()
 
 
 @overload
@@ -44,7 +43,7 @@ def append(
     conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any],
     event: Event | Mapping[str, Any],
     *,
-    outbox: Outbox = _DEFAULT_OUTBOX,
+    outbox: Outbox = DEFAULT_OUTBOX,
 ) -> Coroutine[Any, Any, None] | None:
     """Append `event` in `conn`'s transaction (await it on an `AsyncConnection`); a no-op
     if the outbox holds the same envelope under its id. `AppendError` if it cannot."""

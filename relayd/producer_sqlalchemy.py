@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import Session
 
 from relayd.producer import (
+    DEFAULT_OUTBOX,
     INSERT_TRIES,
     Event,
     Outbox,
@@ -21,8 +22,6 @@ from relayd.producer import (
     statements,
     vanished,
 )
-
-_DEFAULT_OUTBOX = Outbox()
 
 
 @overload
@@ -44,7 +43,7 @@ def append(
     conn: Connection | Session | AsyncConnection | AsyncSession,
     event: Event | Mapping[str, Any],
     *,
-    outbox: Outbox = _DEFAULT_OUTBOX,
+    outbox: Outbox = DEFAULT_OUTBOX,
 ) -> Coroutine[Any, Any, None] | None:
     """Append `event` in the transaction of `conn` (await it on an `AsyncConnection` or
     `AsyncSession`); a no-op if the outbox holds the same envelope under its id.
