@@ -62,18 +62,18 @@ from relayd.models import (
     OutboxTable,
     too_large,
 )
+from relayd.sinks import SinkSettings
 
 if TYPE_CHECKING:
     import asyncpg
 
-    from relayd.sinks import SinkSettings
     from relayd.sinks.nats_message import Routes
 
 M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_TABLE = OutboxTable.parse("relayd.outbox")
-# The daemon's default `sink.max_envelope_bytes` (relayd/sinks/__init.py__).
-DEFAULT_MAX_ENVELOPE_BYTES = 1024 * 1024
+# The daemon's default `sink.max_envelope_bytes`, read from its settings model.
+DEFAULT_MAX_ENVELOPE_BYTES: int = SinkSettings.model_fields["max_envelope_bytes"].default
 # A JSON string escape of NUL that is not itself an escaped backslash: jsonb refuses it.
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # The table refuses a pending row whose event_id is not a version 7, RFC 4122 variant UUID.
