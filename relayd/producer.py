@@ -385,15 +385,14 @@ def statements(table: OutboxTable, style: Literal["$", "%s", ":"]) -> tuple[str,
     hence CAST)."""
     marks = {"$": ("$1", "$2"), "%s": ("%(id)s", "%(job)s"), ":": (":id", ":job")}[style]
     ident, body = marks
+    # Both are bound as text, cast in SQL: a codec the application registered for jsonb
+    # (asyncpg's set_type_codec) would otherwise encode the envelope's text a second time.
+    event_id, job = f"CAST(CAST({ident} AS text) AS uuid)", f"CAST(CAST({body} AS text) AS jsonb)"
     insert = (
-        f"INSERT INTO {table.qualified} (event_id, job) "
-        f"VALUES (CAST({ident} AS uuid), CAST({body} AS jsonb)) "
+        f"INSERT INTO {table.qualified} (event_id, job) VALUES ({event_id}, {job}) "
         "ON CONFLICT (event_id) DO NOTHING RETURNING true"
     )
-    compare = (
-        f"SELECT job = CAST({body} AS jsonb) FROM {table.qualified} "
-        f"WHERE event_id = CAST({ident} AS uuid)"
-    )
+    compare = f"SELECT job = {job} FROM {table.qualified} WHERE event_id = {event_id}"
     return insert, compare
 
 

@@ -400,6 +400,23 @@ async def test_the_bound_is_the_size_the_relay_reads(shop: Shop) -> None:
     }
 
 
+async def test_an_application_jsonb_codec_changes_nothing(shop: Shop) -> None:
+    """An asyncpg connection with its own jsonb codec (dicts in and out) appends the same
+    envelope, not a JSON string of it."""
+    event = _event()
+    conn = await asyncpg.connect(shop.dsn)
+    try:
+        await conn.set_type_codec(
+            "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
+        for _ in range(2):
+            async with conn.transaction():
+                await producer.append(conn, event)
+    finally:
+        await conn.close()
+    assert (await shop.stored(event.id))["outbox"] == {event.id: event.envelope}
+
+
 async def test_plain_jobs_append_idempotently(shop: Shop) -> None:
     """An OJS job from `new_job` appends like an event: once, then a no-op."""
     job = new_job("order.fulfill", [{"order_id": 1}], queue="orders")
