@@ -124,6 +124,10 @@ class SinkSettings(Section):
     # systemd credentials this kind reads when the unit passes them: the `*_file` key to
     # fill, then the credential's name and every key that must be unset for it to be used.
     credentials: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    # The keys only the sink's connection reads (credentials, a CA bundle): a producer that
+    # loads the configuration for its bounds and routes drops them unread
+    # (`relayd.config.load_producer_sections`), since it neither has nor needs the secrets.
+    connection_keys: ClassVar[frozenset[str]] = frozenset()
 
     # The longest time from a row's first attempt to its last, from the retry and relay
     # settings (set by the whole configuration; None for a sink built alone). A sink whose

@@ -66,7 +66,7 @@ from relayd.sinks.nats_dedupe import (
     past_window,
     past_window_dead_letter,
 )
-from relayd.sinks.nats_message import NatsMessage, Route, Routes, message_for
+from relayd.sinks.nats_message import NatsMessage, message_for
 from relayd.sinks.nats_settings import NatsSettings
 
 API_PREFIX = "$JS.API"
@@ -100,9 +100,7 @@ class NatsSink:
         settings.target  # noqa: B018 - ConfigError naming sink.servers or sink.stream
         self._settings = settings
         self._stream = settings.stream_name
-        self._routes = Routes(
-            [Route(route.type, route.subject, route.version) for route in settings.routes]
-        )
+        self._routes = settings.route_table()
         self._health = health
         self._observe = observe
         self._clock = clock
