@@ -48,10 +48,10 @@ POLL_S = 0.05
 # were 6-21 ms and made most of `lag`'s p99 (bench/README.md, "The sink").
 SINK_RESET_S = 0.5
 
-# The rows every scenario but `lag` relays: an OJS envelope of about 230 bytes, in eight
-# queues and five types, made by PostgreSQL (ids from relayd_uuidv7(), installed by the
-# migration). `n` numbers the rows; `$1`..`$2` is the range of one statement.
-FILL_SQL = """
+# The rows every scenario but `lag` relays, made by PostgreSQL (ids from relayd_uuidv7(),
+# installed by the migration): a business payload in five types, then what the kind of
+# envelope adds (`<last>`). `n` numbers the rows; `$1`..`$2` is the range of one statement.
+_ROWS_SQL = """
 INSERT INTO {outbox} (event_id, job)
 SELECT id,
        jsonb_build_object(
@@ -60,9 +60,18 @@ SELECT id,
            'args', jsonb_build_array(jsonb_build_object(
                'order_id', n, 'sku', 'sku-' || (n % 1000), 'quantity', n % 7 + 1,
                'note', 'a line of text the size of a typical business payload, 64 b')),
-           'options', jsonb_build_object('queue', 'q' || (n % 8)))
+           <last>)
 FROM (SELECT {schema}.relayd_uuidv7() AS id, n FROM generate_series($1::int, $2::int) AS n) AS s
 """
+# OJS envelopes of about 230 bytes, in eight queues.
+FILL_SQL = _ROWS_SQL.replace("<last>", "'options', jsonb_build_object('queue', 'q' || (n % 8))")
+# Domain events (the NATS sink's): the payload is the event's data, `meta` holds its schema
+# version and its occurrence time.
+EVENT_FILL_SQL = _ROWS_SQL.replace(
+    "<last>",
+    "'meta', jsonb_build_object('version', 1, 'occurred_at', "
+    "to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'))",
+)
 
 
 # --- the run: one PostgreSQL, one emulator -----------------------------------------------

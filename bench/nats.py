@@ -34,6 +34,7 @@ from nats.js.client import JetStreamContext
 
 from bench import lag
 from bench.harness import (
+    EVENT_FILL_SQL,
     Bench,
     drain_timeout_s,
     drop_outbox,
@@ -57,25 +58,6 @@ KINDS = 5
 SUBJECT_PREFIX = "bench.events"
 ROUTES = [{"type": f"bench.kind{k}", "subject": f"{SUBJECT_PREFIX}.kind{k}"} for k in range(KINDS)]
 PUBLISH_TIMEOUT_S = 10.0
-
-# The same business payload as FILL_SQL's, as a domain event: `args` is `[data]`, `meta`
-# holds the schema version and the occurrence time.
-EVENT_FILL_SQL = """
-INSERT INTO {outbox} (event_id, job)
-SELECT id,
-       jsonb_build_object(
-           'id', id,
-           'type', 'bench.kind' || (n % 5),
-           'args', jsonb_build_array(jsonb_build_object(
-               'order_id', n, 'sku', 'sku-' || (n % 1000), 'quantity', n % 7 + 1,
-               'note', 'a line of text the size of a typical business payload, 64 b')),
-           'meta', jsonb_build_object(
-               'version', 1,
-               'occurred_at', to_char(now() AT TIME ZONE 'UTC',
-                                      'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
-FROM (SELECT {schema}.relayd_uuidv7() AS id, n FROM generate_series($1::int, $2::int) AS n) AS s
-"""
-
 
 _ROUTES = Routes([Route(str(r["type"]), str(r["subject"])) for r in ROUTES])
 
