@@ -126,8 +126,9 @@ class NatsSink:
         return _CAPABILITIES
 
     async def start(self) -> None:
-        """Nothing to open yet: the connection is made by the first exchange, so a server
-        that is down at start-up is a sink outage (the breaker), not a failed start."""
+        """No connection yet: it is made by the first exchange, so a server that is down at
+        start-up is a sink outage (the breaker), not a failed start."""
+        self._connection.start()
 
     async def close(self) -> None:
         await self._connection.close()

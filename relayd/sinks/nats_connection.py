@@ -101,6 +101,7 @@ class NatsConnection:
         self._on_reconnected_hook = on_reconnected
         self._client: Client | None = None
         self._inbox: ReplyInbox | None = None
+        self._tls: ssl.SSLContext | None = None
         self._lock = asyncio.Lock()
         # The last connection failure and when it was decided: callers that waited for
         # that attempt share its verdict instead of each trying again in turn.
@@ -138,6 +139,20 @@ class NatsConnection:
                 return made
             self._client, self._failure = made, None
             return made
+
+    def start(self) -> None:
+        """Load the CA bundle now, at start-up, rather than on the first exchange (tens of
+        milliseconds of CPU); connecting waits for the first exchange. A CA file that
+        cannot be loaded fails that exchange, as a connection failure the breaker sees."""
+        with contextlib.suppress(OSError):  # ssl.SSLError too
+            self._tls_context()
+
+    def _tls_context(self) -> ssl.SSLContext:
+        # Verified TLS whenever the server asks for TLS; the CA file for a private PKI.
+        if self._tls is None:
+            ca_file = self._settings.ca_file
+            self._tls = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+        return self._tls
 
     async def close(self) -> None:
         self._closing = True
@@ -194,10 +209,7 @@ class NatsConnection:
             # Every subject is checked already: the routes' when the configuration is
             # read, an event id (a UUID) where `{id}` stands, the reply inbox the client's.
             "skip_subject_validation": True,
-            # Verified TLS whenever the server asks for TLS; the CA file for a private PKI.
-            "tls": ssl.create_default_context(
-                cafile=str(settings.ca_file) if settings.ca_file else None
-            ),
+            "tls": self._tls_context(),
         }
         if settings.user is not None and settings.password is not None:
             options["user"] = settings.user

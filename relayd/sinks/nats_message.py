@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -73,7 +74,7 @@ class NatsMessage:
     @property
     def size(self) -> int:
         """Bytes the server counts against its max_payload: body and header block."""
-        return len(self.body) + len(header_block(self.headers))
+        return len(self.body) + header_block_size(self.headers)
 
 
 def message_for(
@@ -121,6 +122,7 @@ def headers_for(event: DomainEvent, *, stream: str, source: str) -> dict[str, st
     }
 
 
+@functools.lru_cache(maxsize=64)  # the configured source, asked for every message
 def percent_encoded(value: str) -> str:
     """A header value as the CloudEvents NATS binding encodes strings: UTF-8 bytes of space,
     '"', '%' and anything outside visible ASCII as %XY (upper case)."""
@@ -135,9 +137,20 @@ def percent_encoded(value: str) -> str:
 
 
 def header_block(headers: Mapping[str, str]) -> bytes:
-    """The header block as the client writes it (for sizing)."""
+    """The header block as the client writes it."""
     lines = b"".join(f"{name}: {value}".encode() + _CRLF for name, value in headers.items())
     return _HEADER_LINE + _CRLF + lines + _CRLF
+
+
+def header_block_size(headers: Mapping[str, str]) -> int:
+    """len(header_block(headers)), without building it (asked for every message)."""
+    size = len(_HEADER_LINE) + 2 * len(_CRLF)
+    for name, value in headers.items():
+        if name.isascii() and value.isascii():
+            size += len(name) + len(value) + 4  # ": " and CRLF
+        else:
+            size += len(f"{name}: {value}".encode()) + len(_CRLF)
+    return size
 
 
 def parse_header_block(raw: bytes) -> dict[str, list[str]]:

@@ -16,6 +16,7 @@ from relayd.sinks.nats_message import (
     Route,
     Routes,
     header_block,
+    header_block_size,
     message_for,
     parse_header_block,
     percent_encoded,
@@ -232,3 +233,18 @@ def test_a_stored_header_block_is_read_back() -> None:
         "A": ["1", "2"]
     }
     assert parse_header_block(b"HTTP/1.1 200\r\n\r\n") == {}
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Nats-Msg-Id": ID},
+        {"Nats-Msg-Id": ID, "ce-type": "order.updated", "ce-source": "/orders"},
+        {"ce-source": "caf\u00e9 \u2603"},  # non-ASCII: counted in UTF-8 bytes
+        {"\u00fcber": "\U0001f600", "x": ""},
+    ],
+)
+def test_the_header_block_size_is_the_length_of_the_block(headers: dict[str, str]) -> None:
+    """A message's size counts its header block's bytes as the client writes them."""
+    assert header_block_size(headers) == len(header_block(headers))
