@@ -1,0 +1,197 @@
+"""The webhook sink through the daemon, against an independent receiver that verifies every
+delivery with the `standardwebhooks` package and refuses stale timestamps: every row
+arrives and verifies (across a secret rotation too), slow-downs, drops after storing and slow
+answers lose nothing, and a 410 pauses its route, audited, dead-lettering nothing."""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from relayd.config import Settings
+from relayd.events import META_OCCURRED_AT
+from relayd.producer import enqueue_many, new_job
+from relayd.testing.webhook_receiver import Fault, receiving
+from tests.support import FAST, Database, drained, eventually, pending, run_until_idle, running
+
+WHEN = "2024-05-01T12:00:00Z"
+OLD = "whsec_" + base64.b64encode(b"o" * 32).decode()
+NEW = "whsec_" + base64.b64encode(b"n" * 32).decode()
+
+
+def webhook_settings(dsn: str, secret_file: Path, **sink: Any) -> Settings:
+    """FAST, with `[sink] kind = "webhook"` signing with `secret_file`."""
+    merged: dict[str, dict[str, Any]] = {name: dict(values) for name, values in FAST.items()}
+    merged["database"] = {"dsn": dsn}
+    merged["sink"] = {
+        "kind": "webhook",
+        "timeout_s": 1.0,
+        "connect_timeout_s": 1.0,
+        "concurrency": 16,
+        "secret_file": str(secret_file),
+    } | sink
+    return Settings(**merged)  # type: ignore[arg-type]
+
+
+def write_secrets(path: Path, *secrets: str) -> None:
+    """Rewrite the secret file as an operator does: a new file renamed over the old one."""
+    staged = path.with_suffix(".new")
+    staged.write_text("\n".join(secrets) + "\n")
+    os.replace(staged, path)
+
+
+async def commit(conn: asyncpg.Connection, count: int, event_type: str = "order.paid") -> list[str]:
+    jobs = [new_job(event_type, [{"n": n}], meta={META_OCCURRED_AT: WHEN}) for n in range(count)]
+    async with conn.transaction():
+        await enqueue_many(conn, jobs)
+    return [str(job["id"]) for job in jobs]
+
+
+async def dead(conn: asyncpg.Connection) -> list[tuple[str, str]]:
+    rows = await conn.fetch(
+        "SELECT dead_reason, last_error FROM relayd.outbox WHERE dead_at IS NOT NULL"
+    )
+    return [(row["dead_reason"], row["last_error"]) for row in rows]
+
+
+async def test_every_row_arrives_once_signed_with_its_event_id(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """C1: each row is one verified delivery, webhook-id its event id, its body the event;
+    each row is marked published."""
+    secret_file = tmp_path / "whsec"
+    write_secrets(secret_file, OLD)
+    ids = await commit(conn, 120)
+    async with receiving([OLD]) as receiver:
+        await run_until_idle(webhook_settings(database.dsn, secret_file, url=receiver.endpoint()))
+    assert await drained(conn)
+    assert await dead(conn) == []
+    assert sorted(receiver.stored) == sorted(ids)
+    assert set(receiver.seen.values()) == {1}
+    assert receiver.refused == []
+    first = receiver.stored[ids[0]]
+    assert first.body == {"type": "order.paid", "timestamp": WHEN, "data": {"n": 0}}
+    assert first.headers["content-type"] == "application/json"
+
+
+async def test_a_secret_rotation_mid_run_loses_no_delivery(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """The secret file rewritten while relayd runs: both secrets sign, the receiver moves to
+    the new one, the old line goes; every delivery verifies, none is refused."""
+    secret_file = tmp_path / "whsec"
+    write_secrets(secret_file, OLD)
+    async with receiving([OLD]) as receiver:
+        settings = webhook_settings(database.dsn, secret_file, url=receiver.endpoint())
+        async with running(settings):
+            first = await commit(conn, 20)
+            await receiver.wait_for(lambda r: set(first) <= set(r.stored))
+            write_secrets(secret_file, OLD, NEW)
+            signed_twice: list[str] = []
+
+            async def both_sign() -> bool:
+                # A row at a time, until one is signed with both secrets.
+                signed_twice.extend(await commit(conn, 1))
+                await receiver.wait_for(lambda r: signed_twice[-1] in r.stored)
+                delivery = receiver.stored[signed_twice[-1]]
+                return len(delivery.headers["webhook-signature"].split(" ")) == 2
+
+            await eventually(both_sign, timeout_s=10)
+            receiver.secrets = [NEW]  # the receiver moves over
+            write_secrets(secret_file, NEW)  # then the old secret is retired
+            last = await commit(conn, 20)
+            await receiver.wait_for(lambda r: set(last) <= set(r.stored))
+            await eventually(lambda: drained(conn))
+    assert receiver.refused == []
+    assert set(first + signed_twice + last) == set(receiver.stored)
+
+
+async def test_slow_downs_drops_and_slow_answers_lose_nothing(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """503 with a Retry-After, 429, a connection dropped after the receiver stored, an answer
+    slower than the attempt's deadline: every row ends published, no attempt is used up, each
+    id is seen at least once and only the ambiguous ones twice."""
+    secret_file = tmp_path / "whsec"
+    write_secrets(secret_file, OLD)
+    ids = await commit(conn, 60)
+    faults = {
+        ids[0]: Fault(503, {"Retry-After": "1"}, store=False),
+        ids[1]: Fault(429, store=False),
+        ids[2]: Fault(drop=True),
+        ids[3]: Fault(drop=True),
+        ids[4]: Fault(delay_s=1.5),  # past the 1 s attempt deadline: no answer
+        ids[5]: Fault(delay_s=0.3),  # slow, but within it
+    }
+
+    arrivals: Counter[str] = Counter()
+
+    def script(path: str, webhook_id: str, before: int) -> Fault | None:
+        arrivals[webhook_id] += 1  # stored or not: each fault strikes once
+        return faults.get(webhook_id) if arrivals[webhook_id] == 1 else None
+
+    async with receiving([OLD], script) as receiver:
+        await run_until_idle(webhook_settings(database.dsn, secret_file, url=receiver.endpoint()))
+    assert await drained(conn)
+    assert await dead(conn) == []
+    assert set(receiver.stored) == set(ids)
+    twice = {webhook_id for webhook_id, count in receiver.seen.items() if count > 1}
+    assert twice == {ids[2], ids[3], ids[4]}
+    assert max(receiver.seen.values()) == 2
+    attempts = await conn.fetchval(
+        "SELECT max(attempts) FROM relayd.outbox WHERE event_id = ANY($1::uuid[])", ids[:2]
+    )
+    assert attempts == 1  # the slow-downs gave their attempts back
+
+
+async def test_a_410_pauses_its_route_audited_and_dead_letters_nothing(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """An endpoint that answers 410 Gone: its type is paused with the answer as the reason,
+    audited; its rows stay pending, other routes flow; resumed, they are delivered."""
+    secret_file = tmp_path / "whsec"
+    write_secrets(secret_file, OLD)
+    gone = True
+
+    def script(path: str, webhook_id: str, before: int) -> Fault | None:
+        return Fault(410, store=False) if path == "gone" and gone else None
+
+    async with receiving([OLD], script) as receiver:
+        routes = [
+            {"type": "order.paid", "url": receiver.endpoint("hooks")},
+            {"type": "order.lost", "url": receiver.endpoint("gone")},
+        ]
+        settings = webhook_settings(database.dsn, secret_file, routes=routes)
+        paid = await commit(conn, 30)
+        lost = await commit(conn, 30, "order.lost")
+        async with running(settings):
+            await receiver.wait_for(lambda r: set(paid) <= set(r.stored))
+
+            async def paused() -> bool:
+                return bool(await conn.fetchval("SELECT count(*) FROM relayd.relayd_pauses"))
+
+            await eventually(paused)
+        pause = await conn.fetchrow("SELECT queue, type, reason FROM relayd.relayd_pauses")
+        assert pause is not None
+        assert (pause["queue"], pause["type"]) == ("*", "order.lost")
+        assert "410" in pause["reason"]
+        assert receiver.endpoint("gone") in pause["reason"]
+        audit = await conn.fetchrow("SELECT action, reason FROM relayd.relayd_audit")
+        assert audit is not None
+        assert audit["action"] == "pause"
+        assert await dead(conn) == []
+        assert await pending(conn) == len(lost)
+        assert not set(lost) & set(receiver.stored)
+
+        # The operator's runbook: the endpoint is back, resume the type.
+        gone = False
+        await conn.execute("DELETE FROM relayd.relayd_pauses")
+        await conn.execute("UPDATE relayd.outbox SET available_at = now()")
+        await run_until_idle(settings)
+    assert await drained(conn)
+    assert set(lost) <= set(receiver.stored)
