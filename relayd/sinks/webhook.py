@@ -53,6 +53,8 @@ from relayd.token_file import TokenFile
 # streams an endless body must not hold the attempt.
 MAX_ANSWER_BYTES = 64 * 1024
 
+# What C2 means for webhooks (docs/contract.md), as `relayd check` says it.
+DELIVERY_GUARANTEE = "at least once, deduplicated by webhook-id at the receiver"
 # Asked on every claim: one value. A receiver cannot be asked what it holds: an unanswered
 # delivery is sent again with the same webhook-id, and the receiver deduplicates.
 _CAPABILITIES = Capabilities(batches=False, reconcile_by_id=False)
@@ -157,7 +159,8 @@ class WebhookSink:
             if isinstance(answer, SinkDown):
                 return False, f"{url} unreachable: {answer.error}"
         count = len(keys.keys)
-        return True, f"endpoints answer; {count} signing secret{'s' if count > 1 else ''}"
+        secrets = f"{count} signing secret{'s' if count > 1 else ''}"
+        return True, f"endpoints answer; {secrets}; {DELIVERY_GUARANTEE}"
 
     # --- one row ---
 

@@ -12,16 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import structlog
 
 from relayd.config import Settings
 from relayd.events import META_OCCURRED_AT
+from relayd.operator.check import Verdict, run_checks
 from relayd.producer import enqueue_many, new_job
+from relayd.testing.processes import free_port
 from relayd.testing.webhook_receiver import Fault, receiving
 from tests.support import FAST, Database, drained, eventually, pending, run_until_idle, running
 
 WHEN = "2024-05-01T12:00:00Z"
 OLD = "whsec_" + base64.b64encode(b"o" * 32).decode()
 NEW = "whsec_" + base64.b64encode(b"n" * 32).decode()
+TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 def webhook_settings(dsn: str, secret_file: Path, **sink: Any) -> Settings:
@@ -195,3 +199,70 @@ async def test_a_410_pauses_its_route_audited_and_dead_letters_nothing(
         await run_until_idle(settings)
     assert await drained(conn)
     assert set(lost) <= set(receiver.stored)
+
+
+async def test_relayd_check_states_the_webhook_guarantee(
+    database: Database, tmp_path: Path
+) -> None:
+    """`relayd check`: the endpoints answer, how many secrets sign, and C2 for webhooks;
+    an endpoint nobody listens on fails the line."""
+    secret_file = tmp_path / "whsec"
+    write_secrets(secret_file, OLD, NEW)
+    async with receiving([OLD]) as receiver:
+        settings = webhook_settings(database.dsn, secret_file, url=receiver.endpoint())
+        lines = {line.name: line for line in await run_checks(settings, "test")}
+    assert lines["sink"].verdict is Verdict.OK
+    assert "2 signing secrets" in lines["sink"].detail
+    assert "at least once, deduplicated by webhook-id at the receiver" in lines["sink"].detail
+    gone = webhook_settings(database.dsn, secret_file, url=f"http://127.0.0.1:{free_port()}/")
+    lines = {line.name: line for line in await run_checks(gone, "test")}
+    assert lines["sink"].verdict is Verdict.FAIL
+    assert "unreachable" in lines["sink"].detail
+
+
+async def test_a_valid_traceparent_travels_and_junk_does_not(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """The producer's meta.traceparent arrives as the traceparent header; a value with a
+    line break in it is not sent, and its row is delivered all the same."""
+    secret_file = tmp_path / "whsec"
+    write_secrets(secret_file, OLD)
+    good = new_job("order.paid", [{}], meta={META_OCCURRED_AT: WHEN, "traceparent": TRACE})
+    junk = new_job(
+        "order.paid", [{}], meta={META_OCCURRED_AT: WHEN, "traceparent": TRACE + "\r\nX-A: 1"}
+    )
+    async with conn.transaction():
+        await enqueue_many(conn, [good, junk])
+    async with receiving([OLD]) as receiver:
+        await run_until_idle(webhook_settings(database.dsn, secret_file, url=receiver.endpoint()))
+    assert receiver.stored[good["id"]].headers["traceparent"] == TRACE
+    assert "traceparent" not in receiver.stored[junk["id"]].headers
+    assert "x-a" not in receiver.stored[junk["id"]].headers
+
+
+async def test_a_refused_signature_dead_letters_nothing_until_the_secret_is_fixed(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """A receiver that refuses our signature (401) is the sink's failure, not the rows':
+    nothing is dead-lettered, no secret is logged, and once the operator writes the right
+    secret (a bad rewrite in between is ignored) every row arrives."""
+    secret_file = tmp_path / "whsec"
+    write_secrets(secret_file, OLD)
+    ids = await commit(conn, 10)
+    async with receiving([NEW]) as receiver:
+        settings = webhook_settings(database.dsn, secret_file, url=receiver.endpoint())
+        with structlog.testing.capture_logs() as logs:
+            async with running(settings):
+                await receiver.wait_for(lambda r: len(r.refused) >= 1)
+                secret_file.write_text("whsec_not-base64!\n")  # a mistake: kept the old one
+                # Each 401 has the file read again: two more, and the mistake was seen.
+                before = len(receiver.refused)
+                await receiver.wait_for(lambda r: len(r.refused) >= before + 2)
+                write_secrets(secret_file, NEW)
+                await receiver.wait_for(lambda r: set(ids) <= set(r.stored))
+                await eventually(lambda: drained(conn))
+    assert await dead(conn) == []
+    shown = repr(logs)
+    assert OLD.removeprefix("whsec_") not in shown
+    assert NEW.removeprefix("whsec_") not in shown
+    assert any(entry["event"] == "sink.token_unreadable" for entry in logs)
