@@ -13,6 +13,7 @@ import pytest
 
 from relayd.config import load_settings
 from relayd.errors import ConfigError
+from relayd.sinks import SinkSettings
 from relayd.sinks.registry import kinds
 from relayd.sinks.webhook_settings import WebhookSettings
 
@@ -167,3 +168,29 @@ class _Health:
 
     def sink_failed(self, *, severe: bool) -> None:
         pass
+
+
+def test_the_example_documents_the_webhook_keys_and_its_section_loads(tmp_path: Path) -> None:
+    """config.example.toml's commented `kind = "webhook"` section names every key of the
+    kind and, uncommented (with a secret file), loads."""
+    text = (ROOT / "config.example.toml").read_text()
+    start = text.index('# --- kind = "webhook" ---')
+    section = text[start : text.index('# --- kind = "nats" ---', start)]
+    for key in WebhookSettings.model_fields.keys() - SinkSettings.model_fields.keys():
+        shown = "# [[sink.routes]]" if key == "routes" else f"# {key} = "
+        assert shown in section, f"sink.{key} is not in the example's webhook section"
+    (tmp_path / "whsec").write_text(SECRET + "\n")
+    (tmp_path / "ca.pem").write_text("not read until connecting")
+    lines = ["[sink]", "kind = 'webhook'"]
+    for line in section.splitlines():
+        if line.startswith("# secret_file = "):
+            lines.append(f"secret_file = '{tmp_path / 'whsec'}'")
+        elif line.startswith("# ca_file = "):
+            lines.append(f"ca_file = '{tmp_path / 'ca.pem'}'")
+        elif line.startswith(("# [[sink.routes]]", "# type = ", "# url = ", "# connect_")):
+            lines.append(line.removeprefix("# "))
+    path = tmp_path / "relayd.toml"
+    path.write_text("\n".join(lines) + "\n")
+    sink = load_settings(path).sink
+    assert isinstance(sink, WebhookSettings)
+    assert sink.endpoints == {"order.paid": "https://billing.example/hooks/orders"}
