@@ -35,6 +35,7 @@ from relayd.sinks import Capabilities, ExchangeObserver, SinkHealth
 from relayd.sinks.ojs_answers import classify_exception, unbuildable
 from relayd.sinks.webhook_answers import (
     GONE_RETRY_S,
+    HEADER_ID,
     HEADER_SIGNATURE,
     HEADER_TIMESTAMP,
     Delivery,
@@ -53,6 +54,8 @@ from relayd.token_file import TokenFile
 # streams an endless body must not hold the attempt.
 MAX_ANSWER_BYTES = 64 * 1024
 
+# The answers with which a receiver refuses our signature: the secret file is read again.
+_REFUSED_SIGNATURE = frozenset({401, 403})
 # What C2 means for webhooks (docs/contract.md), as `relayd check` says it.
 DELIVERY_GUARANTEE = "at least once, deduplicated by webhook-id at the receiver"
 # Asked on every claim: one value. A receiver cannot be asked what it holds: an unanswered
@@ -181,15 +184,17 @@ class WebhookSink:
         headers = dict(delivery.headers)
         headers[HEADER_TIMESTAMP] = str(timestamp_s)
         headers[HEADER_SIGNATURE] = signature_header(
-            keys, delivery.headers["webhook-id"], timestamp_s, delivery.body
+            keys, delivery.headers[HEADER_ID], timestamp_s, delivery.body
         )
         answer = await self._exchange("POST", delivery.url, delivery.body, headers)
         if isinstance(answer, SinkDown):
             self._health.sink_failed(severe=answer.severe)
             return answer
-        return await self._answered(endpoint, delivery, classify(answer), loop.time())
+        if answer.status in _REFUSED_SIGNATURE:
+            await self._secrets.refresh()  # the operator may have rotated the secret
+        return self._answered(endpoint, delivery, classify(answer), loop.time())
 
-    async def _answered(
+    def _answered(
         self,
         endpoint: _Endpoint,
         delivery: Delivery,
@@ -201,8 +206,6 @@ class WebhookSink:
             self._health.sink_accepted()
             return answer
         if isinstance(answer, SinkDown):
-            if answer.severe and "secret_file" in answer.error:
-                await self._secrets.refresh()  # the operator may have rotated the secret
             self._health.sink_failed(severe=answer.severe)
             return answer
         self._health.sink_answered()
