@@ -33,11 +33,13 @@ STALE_AFTER_S = 30.0
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """What the receiver does with a verified delivery: `status` (with `headers`) after
-    `delay_s`, or, with `drop`, store it and close the connection without an answer."""
+    """What the receiver does with a verified delivery: `status` (with `headers` and
+    `body`) after `delay_s`, or, with `drop`, store it and close the connection without an
+    answer; `store=False` answers without storing."""
 
     status: int = 204
     headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
     delay_s: float = 0.0
     drop: bool = False
     store: bool = True
@@ -116,7 +118,7 @@ class Receiver:
                 if request.transport is not None:
                     request.transport.abort()
                 return web.Response(status=500)  # never written: the transport is gone
-            return web.Response(status=fault.status, headers=fault.headers)
+            return web.Response(status=fault.status, headers=fault.headers, body=fault.body)
         finally:
             self._changed.set()
 

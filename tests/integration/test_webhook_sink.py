@@ -266,3 +266,44 @@ async def test_a_refused_signature_dead_letters_nothing_until_the_secret_is_fixe
     assert OLD.removeprefix("whsec_") not in shown
     assert NEW.removeprefix("whsec_") not in shown
     assert any(entry["event"] == "sink.token_unreadable" for entry in logs)
+
+
+async def test_redirects_are_not_followed_and_answers_are_read_with_a_bound(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """A 307 to another endpoint is not followed (nothing reaches it, nothing is
+    dead-lettered); a 400 with a 10 MiB page dead-letters its row with a short excerpt."""
+    secret_file = tmp_path / "whsec"
+    write_secrets(secret_file, OLD)
+    redirected = await commit(conn, 1, "order.moved")
+    refused = await commit(conn, 1, "order.refused")
+    page = b"<html><body>" + b"no such order " * (10 * 1024 * 1024 // 14) + b"</body></html>"
+    async with receiving([OLD]) as elsewhere, receiving([OLD]) as receiver:
+        moved = Fault(307, {"Location": elsewhere.endpoint()}, store=False)
+
+        def script(path: str, webhook_id: str, before: int) -> Fault | None:
+            return moved if path == "moved" else Fault(400, body=page, store=False)
+
+        receiver.script = script
+        routes = [
+            {"type": "order.moved", "url": receiver.endpoint("moved")},
+            {"type": "order.refused", "url": receiver.endpoint("refused")},
+        ]
+        settings = webhook_settings(database.dsn, secret_file, routes=routes)
+        async with running(settings):
+
+            async def settled() -> bool:
+                return await pending(conn) == 1 and len(receiver.refused) == 0
+
+            await eventually(settled)
+    assert elsewhere.seen == Counter()
+    assert elsewhere.stored == {}
+    [(reason, error)] = await dead(conn)
+    assert reason == "sink_rejected"
+    assert error.startswith("HTTP 400: no such order no such order")
+    assert len(error) < 200
+    dead_ids = await conn.fetch(
+        "SELECT event_id::text FROM relayd.outbox WHERE dead_at IS NOT NULL"
+    )
+    assert [row["event_id"] for row in dead_ids] == refused
+    assert redirected[0] not in refused
