@@ -25,6 +25,7 @@ RELAYD: MappingProxyType[str, MappingProxyType[str, str]] = MappingProxyType(
         "horizon": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),
         "memory": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),
         "replicas": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),
+        "webhook": MappingProxyType({"RELAYD_SINK__KIND": "webhook"}),  # bench/webhook.py
     }
 )
 
