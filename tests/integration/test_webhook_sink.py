@@ -34,7 +34,7 @@ def webhook_settings(dsn: str, secret_file: Path, **sink: Any) -> Settings:
     merged["database"] = {"dsn": dsn}
     merged["sink"] = {
         "kind": "webhook",
-        "timeout_s": 1.0,
+        "timeout_s": 2.0,
         "connect_timeout_s": 1.0,
         "concurrency": 16,
         "secret_file": str(secret_file),
@@ -129,7 +129,7 @@ async def test_slow_downs_drops_and_slow_answers_lose_nothing(
         ids[1]: Fault(429, store=False),
         ids[2]: Fault(drop=True),
         ids[3]: Fault(drop=True),
-        ids[4]: Fault(delay_s=1.5),  # past the 1 s attempt deadline: no answer
+        ids[4]: Fault(delay_s=2.5),  # past the 2 s attempt deadline: no answer
         ids[5]: Fault(delay_s=0.3),  # slow, but within it
     }
 
