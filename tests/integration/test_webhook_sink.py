@@ -173,13 +173,16 @@ async def test_a_410_pauses_its_route_audited_and_dead_letters_nothing(
         settings = webhook_settings(database.dsn, secret_file, routes=routes)
         paid = await commit(conn, 30)
         lost = await commit(conn, 30, "order.lost")
-        async with running(settings):
+        async with running(settings) as daemon:
             await receiver.wait_for(lambda r: set(paid) <= set(r.stored))
 
             async def paused() -> bool:
                 return bool(await conn.fetchval("SELECT count(*) FROM relayd.relayd_pauses"))
 
             await eventually(paused)
+            pauses = daemon.metrics.registry.get_sample_value("relayd_sink_pauses_total")
+            assert pauses is not None
+            assert pauses >= 1
         pause = await conn.fetchrow("SELECT queue, type, reason FROM relayd.relayd_pauses")
         assert pause is not None
         assert (pause["queue"], pause["type"]) == ("*", "order.lost")
