@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from bench import backlog, drain, horizon, lag, memory, replicas, webhook
+from bench import backlog, drain, horizon, lag, memory, nats, replicas, webhook
 from bench.harness import Bench, open_bench
 from bench.measure import BenchError, Result
 
@@ -29,21 +29,23 @@ SCENARIOS: dict[str, Callable[[Bench], Awaitable[Result]]] = {
     horizon.NAME: horizon.run,
     memory.NAME: memory.run,
     replicas.NAME: replicas.run,
+    nats.NAME: nats.run,
     webhook.NAME: webhook.run,
 }
 
 
-async def _run(names: list[str], *, quick: bool, keep: bool, out: Path | None, trace: bool) -> int:
+async def _run(names: list[str], args: argparse.Namespace) -> int:
+    quick, durable, out = args.quick, not args.scratch, args.out
     failed = 0
     started = time.perf_counter()
-    async with open_bench(quick=quick, keep=keep) as bench:
+    async with open_bench(quick=quick, keep=args.keep, durable=durable) as bench:
         for name in names:
             load_1m = os.getloadavg()[0]
             began = time.perf_counter()
             try:
                 result = await SCENARIOS[name](bench)
             except Exception as exc:
-                if trace:
+                if args.traceback:
                     raise
                 failed += 1
                 bench.keep = True  # the relays' logs say more than one line can
@@ -51,7 +53,7 @@ async def _run(names: list[str], *, quick: bool, keep: bool, out: Path | None, t
                 print(f"bench: {name}: {said}", file=sys.stderr, flush=True)
                 continue
             result.elapsed_s = time.perf_counter() - began
-            line = result.json_line(quick=quick, load_1m=load_1m)
+            line = result.json_line(quick=quick, durable=durable, load_1m=load_1m)
             print(line)
             for text in result.summary:
                 print(f"  {text}")
@@ -59,7 +61,8 @@ async def _run(names: list[str], *, quick: bool, keep: bool, out: Path | None, t
             if out is not None:
                 with out.open("a", encoding="utf-8") as sink:
                     sink.write(line + "\n")
-    mode = "quick" if quick else "full"
+    database = "durable database" if durable else "scratch database"
+    mode = f"{'quick' if quick else 'full'}, {database}"
     print(
         f"bench: {len(names) - failed} of {len(names)} scenarios ({mode}) "
         f"in {time.perf_counter() - started:.0f} s",
@@ -84,6 +87,12 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="reduced sizes: everything in about two minutes"
     )
+    parser.add_argument(
+        "--scratch",
+        action="store_true",
+        help="PostgreSQL with fsync, synchronous_commit and full_page_writes off (default: on, "
+        "as production runs it)",
+    )
     parser.add_argument("--out", type=Path, help="also append each JSON line to this file")
     parser.add_argument(
         "--keep", action="store_true", help="keep the run's directory (logs); kept on failure"
@@ -97,9 +106,7 @@ def main() -> None:
         parser.error(f"unknown scenario {unknown[0]!r}: choose from {', '.join(SCENARIOS)}")
     names = args.scenarios or list(SCENARIOS)
     try:
-        code = asyncio.run(
-            _run(names, quick=args.quick, keep=args.keep, out=args.out, trace=args.traceback)
-        )
+        code = asyncio.run(_run(names, args))
     except BenchError as exc:  # the run's own set-up: PostgreSQL, the emulator
         print(f"bench: {exc}", file=sys.stderr)
         code = 1

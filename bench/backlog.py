@@ -92,7 +92,7 @@ async def run(bench: Bench) -> Result:
         filled, pending = 0, 0
         for target in steps:
             started = time.perf_counter()
-            await fill(conn, table, filled + 1, filled + target - pending)
+            await fill(conn, table, range(filled + 1, filled + target - pending + 1))
             filled += target - pending
             await conn.execute(f"VACUUM (ANALYZE) {table.qualified}")
             fill_s = time.perf_counter() - started

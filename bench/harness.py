@@ -18,7 +18,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,7 @@ class Bench:
     dsn: str
     sink_url: str
     quick: bool
+    durable: bool  # PostgreSQL with fsync, synchronous commits and full-page writes on
     postmaster_pid: int
     emulator_pid: int
     keep: bool = False  # keep the directory (every process's log) after the run
@@ -101,14 +102,15 @@ class Bench:
 
 
 @contextlib.asynccontextmanager
-async def open_bench(*, quick: bool, keep: bool) -> AsyncIterator[Bench]:
-    """Start the embedded PostgreSQL and the emulator; remove everything afterwards unless
+async def open_bench(*, quick: bool, keep: bool, durable: bool = True) -> AsyncIterator[Bench]:
+    """Start the embedded PostgreSQL (`durable`: crash-safe, as production runs it; else a
+    scratch server with fsync off) and the emulator; remove everything afterwards unless
     `keep` or `Bench.keep` (then the directory, with every process's log, is named on
     stderr)."""
     base = Path(tempfile.mkdtemp(prefix="relayd-bench-"))
     bench: Bench | None = None
     try:
-        with EmbeddedPostgres(base / "pg") as pg:
+        with EmbeddedPostgres(base / "pg", durable=durable) as pg:
             dsn = pg.dsn()
             async with emulator_process(base) as sink_url:
                 conn = await asyncpg.connect(dsn)
@@ -118,7 +120,7 @@ async def open_bench(*, quick: bool, keep: bool) -> AsyncIterator[Bench]:
                 finally:
                     await conn.close()
                 emulator = _child_listening_on(sink_url.rsplit(":", 1)[1])
-                bench = Bench(base, dsn, sink_url, quick, postmaster, emulator, keep=keep)
+                bench = Bench(base, dsn, sink_url, quick, durable, postmaster, emulator, keep=keep)
                 yield bench
     finally:
         if keep or (bench is not None and bench.keep):
@@ -163,21 +165,30 @@ async def drop_outbox(bench: Bench, table: OutboxTable) -> None:
 
 
 async def fill(
-    conn: asyncpg.Connection, table: OutboxTable, first: int, last: int, chunk: int = FILL_CHUNK
+    conn: asyncpg.Connection,
+    table: OutboxTable,
+    numbers: range,
+    *,
+    chunk: int = FILL_CHUNK,
+    rows_sql: str = FILL_SQL,
 ) -> None:
-    """Rows `first`..`last` (inclusive) of FILL_SQL, pending and due now, `chunk` rows per
-    statement (and transaction: the rows of one share their created_at)."""
-    sql = FILL_SQL.format(outbox=table.qualified, schema=table.quoted_schema)
-    for start in range(first, last + 1, chunk):
-        await conn.execute(sql, start, min(start + chunk - 1, last))
+    """The rows numbered `numbers` (a range of step 1) of `rows_sql` (FILL_SQL's form),
+    pending and due now, `chunk` rows per statement (and transaction: the rows of one share
+    their created_at)."""
+    sql = rows_sql.format(outbox=table.qualified, schema=table.quoted_schema)
+    for start in range(numbers.start, numbers.stop, chunk):
+        await conn.execute(sql, start, min(start + chunk, numbers.stop) - 1)
 
 
-async def filled_outbox(bench: Bench, name: str, rows: int, chunk: int = FILL_CHUNK) -> OutboxTable:
-    """A new outbox holding `rows` pending rows, analyzed (as autovacuum would soon)."""
+async def filled_outbox(
+    bench: Bench, name: str, rows: int, chunk: int = FILL_CHUNK, rows_sql: str = FILL_SQL
+) -> OutboxTable:
+    """A new outbox holding `rows` pending rows (of `rows_sql`), analyzed (as autovacuum
+    would soon)."""
     table = await new_outbox(bench, name)
     conn = await asyncpg.connect(bench.dsn)
     try:
-        await fill(conn, table, 1, rows, chunk)
+        await fill(conn, table, range(1, rows + 1), chunk=chunk, rows_sql=rows_sql)
         await conn.execute(f"ANALYZE {table.qualified}")
     finally:
         await conn.close()
@@ -306,7 +317,9 @@ class Relays:
             total += value
         return total
 
-    async def drain(self, *, cpu_rows: int, timeout_s: float, ledger: bool = False) -> Drain:
+    async def drain(
+        self, *, cpu_rows: int, timeout_s: float, ledger: bool = False, emulator: bool = True
+    ) -> Drain:
         """Resume the paused outbox and time its drain to the last row.
 
         The relays were started paused (`paused_relays`), so that every one of them is
@@ -315,11 +328,12 @@ class Relays:
         command's exit are not counted, so the rate is not flattered. CPU is read from just
         before the resume to the end, over every row (`cpu_rows`): the relays are idle,
         paused, before it. With `ledger`, the emulator keeps every job (to be checked
-        afterwards) instead of being reset as it goes (`sink_kept_small`).
+        afterwards) instead of being reset as it goes (`sink_kept_small`); without
+        `emulator` (the relays publish elsewhere), it is left alone.
         """
         conn = await asyncpg.connect(self.bench.dsn)
         try:
-            async with sink_kept_small(self.bench, enabled=not ledger):
+            async with sink_kept_small(self.bench, enabled=emulator and not ledger):
                 cpu0 = self.bench.cpu_s(self)
                 await relayd_command(self.bench, self.table, "resume", "--reason", "bench: go")
                 before = time.perf_counter()
@@ -337,12 +351,18 @@ class Relays:
 
 @contextlib.asynccontextmanager
 async def start_relays(
-    bench: Bench, table: OutboxTable, key: str, count: int = 1
+    bench: Bench,
+    table: OutboxTable,
+    key: str,
+    count: int = 1,
+    sink: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Relays]:
     """`count` `relayd run` processes on `table` with the settings of `key`
     (bench/settings.py), started concurrently; yields once every one answers /readyz (its
-    workers are running), stops them all (SIGTERM: they drain) on exit."""
-    env = relay_settings(key) | {"RELAYD_OUTBOX__TABLE": str(table)}
+    workers are running), stops them all (SIGTERM: they drain) on exit. The sink is the
+    emulator unless `sink` gives the RELAYD_SINK__* variables of another."""
+    env = relay_settings(key) | {"RELAYD_OUTBOX__TABLE": str(table)} | dict(sink or {})
+    sink_url = bench.sink_url if sink is None else None
     ports = _distinct_ports(count)
     async with contextlib.AsyncExitStack() as stack:
 
@@ -351,7 +371,7 @@ async def start_relays(
             port = ports[index]
             try:
                 process = await stack.enter_async_context(
-                    relay_process(directory, bench.dsn, bench.sink_url, port, **env)
+                    relay_process(directory, bench.dsn, sink_url, port, **env)
                 )
                 await await_http(f"http://127.0.0.1:{port}/readyz", process)
             except (RuntimeError, TimeoutError) as exc:
@@ -371,13 +391,17 @@ async def start_relays(
 
 @contextlib.asynccontextmanager
 async def paused_relays(
-    bench: Bench, table: OutboxTable, key: str, count: int = 1
+    bench: Bench,
+    table: OutboxTable,
+    key: str,
+    count: int = 1,
+    sink: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Relays]:
     """`start_relays` on a paused outbox (`relayd pause`): nothing is claimed until
     `Relays.drain()` resumes it, so no process starts ahead of the others and start-up is
     not timed."""
     await relayd_command(bench, table, "pause", "--reason", "bench: start every relay first")
-    async with start_relays(bench, table, key, count) as relays:
+    async with start_relays(bench, table, key, count, sink) as relays:
         yield relays
 
 

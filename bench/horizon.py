@@ -155,7 +155,7 @@ async def stepped_drain(bench: Bench, hold: bool) -> Pass:
             aiohttp.ClientSession() as http,
             sink_kept_small(bench),
         ):
-            await fill(conn, table, 1, rows)
+            await fill(conn, table, range(1, rows + 1))
             await conn.execute(f"ANALYZE {table.qualified}")
             published = 0
             for target in [*range(0, rows, step), rows]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,22 @@ PRODUCERS = 8
 WARMUP_S = 1.0
 
 
+def ojs_job(index: int, n: int) -> dict[str, Any]:
+    """What the producers commit for the OJS emulator: a small job in one queue."""
+    return new_job("bench.lag", [{"producer": index, "n": n}], queue="bench")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the relay publishes and what the producers commit: the relay's settings `key`
+    (bench/settings.py), the RELAYD_SINK__* variables of its sink (None: the emulator), and
+    the envelope of row `n` of producer `index`."""
+
+    key: str = NAME
+    sink: Mapping[str, str] | None = None
+    make_job: Callable[[int, int], dict[str, Any]] = ojs_job
+
+
 @dataclass(frozen=True)
 class Schedule:
     """When the producers commit: `rate` rows/s in all, from `start_at` to `end_at` (loop
@@ -59,7 +76,11 @@ class Schedule:
 
 
 async def _producer(
-    conn: asyncpg.Connection, table: OutboxTable, index: int, schedule: Schedule
+    conn: asyncpg.Connection,
+    table: OutboxTable,
+    index: int,
+    schedule: Schedule,
+    make_job: Callable[[int, int], dict[str, Any]],
 ) -> tuple[int, float, list[float]]:
     """One producer task: commits of ROWS_PER_COMMIT rows on its share of the schedule.
     Returns rows committed, how late the latest commit started (s), and each
@@ -74,10 +95,7 @@ async def _producer(
             await asyncio.sleep(delay)
         else:
             latest = max(latest, -delay)
-        jobs = [
-            new_job("bench.lag", [{"producer": index, "n": rows + i}], queue="bench")
-            for i in range(ROWS_PER_COMMIT)
-        ]
+        jobs = [make_job(index, rows + i) for i in range(ROWS_PER_COMMIT)]
         began = loop.time()
         async with conn.transaction():
             await enqueue_many(conn, jobs, table=table)
@@ -87,11 +105,19 @@ async def _producer(
     return rows, latest, durations
 
 
-async def measure(bench: Bench, rate: int, seconds: float) -> dict[str, Any]:
-    """Produce at `rate` rows/s for `seconds` into a running relayd; the lag figures."""
-    table = await new_outbox(bench, f"lag_{rate}")
-    await reset_emulator(bench)
-    async with start_relays(bench, table, NAME) as relays, sink_kept_small(bench):
+async def measure(
+    bench: Bench, rate: int, seconds: float, target: Target = Target()
+) -> dict[str, Any]:
+    """Produce at `rate` rows/s for `seconds` into a running relayd publishing to `target`;
+    the lag figures."""
+    table = await new_outbox(bench, f"{target.key.replace('.', '_')}_{rate}")
+    emulator = target.sink is None
+    if emulator:
+        await reset_emulator(bench)
+    async with (
+        start_relays(bench, table, target.key, sink=target.sink) as relays,
+        sink_kept_small(bench, enabled=emulator),
+    ):
         producers = [await asyncpg.connect(bench.dsn) for _ in range(PRODUCERS)]
         try:
             cpu0 = relays.cpu_s()
@@ -99,7 +125,7 @@ async def measure(bench: Bench, rate: int, seconds: float) -> dict[str, Any]:
             schedule = Schedule(rate, start_at, start_at + seconds)
             async with asyncio.TaskGroup() as group:
                 tasks = [
-                    group.create_task(_producer(conn, table, i, schedule))
+                    group.create_task(_producer(conn, table, i, schedule, target.make_job))
                     for i, conn in enumerate(producers)
                 ]
         finally:

@@ -205,10 +205,11 @@ class Result:
     summary: list[str]
     elapsed_s: float = 0.0
 
-    def json_line(self, *, quick: bool, load_1m: float) -> str:
+    def json_line(self, *, quick: bool, durable: bool, load_1m: float) -> str:
         record = {
             "scenario": self.scenario,
             "quick": quick,
+            "durable_database": durable,
             "relayd_version": relayd.__version__,
             "cpus": os.cpu_count(),
             "load_1m_at_start": round(load_1m, 2),

@@ -37,7 +37,7 @@ async def run(bench: Bench) -> Result:
     table = await new_outbox(bench, NAME)
     conn = await asyncpg.connect(bench.dsn)
     try:
-        await fill(conn, table, 1, rows)
+        await fill(conn, table, range(1, rows + 1))
         await conn.execute(f"ANALYZE {table.qualified}")
     finally:
         await conn.close()

@@ -25,6 +25,9 @@ RELAYD: MappingProxyType[str, MappingProxyType[str, str]] = MappingProxyType(
         "horizon": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),
         "memory": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),
         "replicas": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),
+        # nats: the NATS sink at its defaults (bench/nats.py gives the server, the stream
+        # and the routes, as RELAYD_SINK__* variables).
+        "nats": MappingProxyType({}),
         "webhook": MappingProxyType({"RELAYD_SINK__KIND": "webhook"}),  # bench/webhook.py
     }
 )

@@ -429,6 +429,29 @@ def load_settings(path: str | Path | None = None) -> Settings:
         _toml_data.reset(token)
 
 
+def load_producer_sections(path: str | Path) -> tuple[OutboxSettings, SinkSettings]:
+    """The `[outbox]` and `[sink]` sections of the daemon's configuration file, for a
+    producer that checks its events against the same table, bound and routes: the file alone
+    (the daemon's environment is its own), and the sink's connection keys (credentials, a CA
+    bundle) dropped unread, since a producer neither has nor needs them. `ConfigError`
+    naming the key, as `load_settings`."""
+    data = _read_toml(Path(path), required=True)
+    try:
+        outbox = OutboxSettings.model_validate(data.get("outbox", {}))
+    except ValidationError as exc:
+        raise _config_error(exc, section="outbox") from None
+    sink = data.get("sink", {})
+    if isinstance(sink, Mapping):
+        model = registry.kinds().get(sink.get("kind", registry.DEFAULT_KIND))
+        if model is not None:
+            sink = {key: value for key, value in sink.items() if key not in model.connection_keys}
+    try:
+        settings: SinkSettings = sink_settings(sink)
+    except KeyedError as exc:
+        raise ConfigError(exc.key, str(exc)) from None
+    return outbox, settings
+
+
 def _check_environment(environ: Mapping[str, str]) -> None:
     """Refuse every `RELAYD_*` variable that is neither a setting nor `RELAYD_CONFIG`.
 
@@ -481,13 +504,15 @@ def _validate() -> Settings:
         raise _config_error(exc) from None
 
 
-def _config_error(exc: ValidationError) -> ConfigError:
+def _config_error(exc: ValidationError, *, section: str | None = None) -> ConfigError:
+    """The first error, naming its key (within `section` when one section was validated)."""
     error = exc.errors()[0]
     context = error.get("ctx") or {}
     cause = context.get("error")
     if isinstance(cause, KeyedError):
         return ConfigError(cause.key, str(cause))
-    key = ".".join(str(part) for part in error["loc"]) or "config"
+    parts = [section] if section else []
+    key = ".".join([*parts, *(str(part) for part in error["loc"])]) or "config"
     if error["type"] == "extra_forbidden":
         return ConfigError(key, "unknown key")
     message = str(cause) if isinstance(cause, ValueError) else error["msg"]

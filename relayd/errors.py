@@ -10,6 +10,8 @@
     │   │                      cure (a schema changed under relayd, a bug): names the statement
     │   └── PrivilegeError     ... because relayd's role lacks a privilege (SQLSTATE 42501):
     │                          also names the privileges and the object (relayd/privileges.py)
+    ├── AppendError            a producer's event cannot be appended (relayd/producer.py
+    │                          draws its subclasses): raised in the producer's transaction
     ├── ListenError            an address relayd must serve on is taken or refused: exit 1
     └── WorkerCrashed          a relay worker's cycle failed unexpectedly: the daemon logs the
                                step, statement and rows, drains the others and exits 1

@@ -22,7 +22,7 @@ META_OCCURRED_AT = "occurred_at"
 # RFC 3339's date-time with an upper-case T and Z, at most nanoseconds: what Go, Java and
 # Python print. (RFC 3339 also allows lower case and a space; relayd takes the one form.)
 _RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?(Z|[+-]\d{2}:\d{2})$")
-_MAX_VERSION = 2**31 - 1
+MAX_VERSION = 2**31 - 1
 _SHOWN_CHARS = 60
 
 
@@ -50,10 +50,10 @@ class DomainEvent:
         if (
             isinstance(version, bool)
             or not isinstance(version, int)
-            or not 1 <= version <= _MAX_VERSION
+            or not 1 <= version <= MAX_VERSION
         ):
             raise InvalidEnvelope(
-                f"meta.{META_VERSION} must be an integer from 1 to {_MAX_VERSION}, not "
+                f"meta.{META_VERSION} must be an integer from 1 to {MAX_VERSION}, not "
                 f"{_shown(version)}"
             )
         occurred_at = envelope.meta.get(META_OCCURRED_AT)

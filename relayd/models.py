@@ -102,6 +102,19 @@ class InvalidEnvelope(ValueError):
     """The stored envelope is not one relayd can publish."""
 
 
+def too_large(envelope_bytes: int, max_envelope_bytes: int) -> DeadLetter | None:
+    """The dead letter of an envelope over `sink.max_envelope_bytes` (its stored text as
+    UTF-8); None within the bound. The relay applies it to every claimed row, and producers
+    to every event they append (relayd/producer.py), so both refuse the same rows."""
+    if envelope_bytes <= max_envelope_bytes:
+        return None
+    return DeadLetter(
+        DeadReason.TOO_LARGE,
+        f"the envelope is {envelope_bytes} bytes, over sink.max_envelope_bytes "
+        f"({max_envelope_bytes})",
+    )
+
+
 # Envelope and ClaimedRow are made for every row relayd handles and never changed after:
 # values by convention, not frozen, because a frozen dataclass costs about four times as much
 # to build (each field set through object.__setattr__).

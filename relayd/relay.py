@@ -42,6 +42,7 @@ from relayd.models import (
     Published,
     RetryLater,
     timed_out,
+    too_large,
 )
 from relayd.reconnect import DatabaseRetry
 from relayd.retry import Backoff, BreakerState, Permit
@@ -327,12 +328,9 @@ class RelayWorker:
 
     def _unpublishable(self, row: ClaimedRow) -> DeadLetter | None:
         """The checks that need no parsing: the row's size and its commit time."""
-        limit = self._settings.max_envelope_bytes
-        if len(row.job) > limit:
-            return DeadLetter(
-                DeadReason.TOO_LARGE,
-                f"the envelope is {len(row.job)} bytes, over sink.max_envelope_bytes ({limit})",
-            )
+        oversized = too_large(len(row.job), self._settings.max_envelope_bytes)
+        if oversized is not None:
+            return oversized
         if not math.isfinite(row.age_s):
             # The table's checks refuse such a created_at; a row from before them (or from
             # a table whose checks were dropped) is refused here instead of being published

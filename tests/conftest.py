@@ -65,8 +65,7 @@ def pg_server() -> Iterator[PgServer]:
             embedded.stop()
 
 
-@contextlib.asynccontextmanager
-async def _fresh_database(pg_server: PgServer, template: str | None) -> AsyncIterator[Database]:
+async def _create_database(pg_server: PgServer, template: str | None) -> Database:
     name = f"relayd_test_{uuid.uuid4().hex[:12]}"
     clone = f' TEMPLATE "{template}"' if template else ""
     admin = await asyncpg.connect(pg_server.admin_dsn)
@@ -74,8 +73,14 @@ async def _fresh_database(pg_server: PgServer, template: str | None) -> AsyncIte
         await admin.execute(f'CREATE DATABASE "{name}"{clone}')
     finally:
         await admin.close()
-    yield Database(name=name, dsn=pg_server.dsn(name))
-    await _drop_database(pg_server.admin_dsn, name)
+    return Database(name=name, dsn=pg_server.dsn(name))
+
+
+@contextlib.asynccontextmanager
+async def _fresh_database(pg_server: PgServer, template: str | None) -> AsyncIterator[Database]:
+    fresh = await _create_database(pg_server, template)
+    yield fresh
+    await _drop_database(pg_server.admin_dsn, fresh.name)
 
 
 @pytest.fixture
@@ -83,6 +88,15 @@ async def database(pg_server: PgServer) -> AsyncIterator[Database]:
     """A fresh database cloned from the migrated template, dropped after the test."""
     async with _fresh_database(pg_server, pg_server.template) as fresh:
         yield fresh
+
+
+@pytest.fixture(scope="module")
+def module_database(pg_server: PgServer) -> Iterator[Database]:
+    """A migrated database shared by one module's tests, for tests that keep to their own
+    rows (their own ids and tables) and would otherwise spend most of their time cloning."""
+    shared = asyncio.run(_create_database(pg_server, pg_server.template))
+    yield shared
+    asyncio.run(_drop_database(pg_server.admin_dsn, shared.name))
 
 
 @pytest.fixture

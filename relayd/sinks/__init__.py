@@ -31,8 +31,9 @@ ExchangeObserver = Callable[[str, str], None]
 class Capabilities:
     """What the relay may ask of a sink, asked rather than assumed."""
 
-    # Whether several rows may travel in one request: if not, the relay sends each row in
-    # a request of its own and never asks the sink to group them.
+    # Whether several rows may go out in one attempt (a batch request, a pipeline of
+    # publishes), each still with an outcome of its own: if not, the relay sends each row in
+    # an attempt of its own and never asks the sink to group them.
     batches: bool
     # Whether the sink can say what it holds under a row's id. With it, a row an earlier
     # attempt may have delivered is looked up before it is sent again, and an ambiguous
@@ -123,6 +124,10 @@ class SinkSettings(Section):
     # systemd credentials this kind reads when the unit passes them: the `*_file` key to
     # fill, then the credential's name and every key that must be unset for it to be used.
     credentials: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+    # The keys only the sink's connection reads (credentials, a CA bundle): a producer that
+    # loads the configuration for its bounds and routes drops them unread
+    # (`relayd.config.load_producer_sections`), since it neither has nor needs the secrets.
+    connection_keys: ClassVar[frozenset[str]] = frozenset()
 
     # The longest time from a row's first attempt to its last, from the retry and relay
     # settings (set by the whole configuration; None for a sink built alone). A sink whose

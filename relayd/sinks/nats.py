@@ -1,8 +1,9 @@
-"""The NATS sink's transport: one nats-py connection per process, a JetStream publish per
-row (the relay runs a claim's rows concurrently, up to `sink.concurrency`) in its route's
-dedupe mode (the event alone, expecting its own subject empty, or in an atomic batch with
-its marker: `relayd/sinks/nats_dedupe.py`), the stored message read back after a
-duplicate's PubAck or a "wrong last sequence", and `relayd check`'s look at the stream.
+"""The NATS sink's transport: a claim's rows published as one pipeline (every message
+written, then each PubAck awaited) over the process's connection (`nats_connection.py`),
+each in its route's dedupe mode (the event alone, expecting its own subject empty, or in an
+atomic batch with its marker: `relayd/sinks/nats_dedupe.py`), the stored message read back
+after a duplicate's PubAck or a "wrong last sequence", and `relayd check`'s look at the
+stream.
 
 What each answer means is decided in `relayd/sinks/nats_answers.py`, what is sent in
 `relayd/sinks/nats_message.py`; nats-py's exceptions stop here, turned into outcome values.
@@ -13,9 +14,7 @@ to print them, and failures are named by type.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import ssl
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +25,6 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from relayd import __version__
 from relayd.logs import get_logger
 from relayd.models import (
     ClaimedRow,
@@ -45,7 +43,6 @@ from relayd.sinks.nats_answers import (
     Duplicate,
     classify_ack,
     classify_batch_event,
-    classify_connect_failure,
     classify_exception,
     classify_marker_reply,
     classify_stored,
@@ -53,6 +50,7 @@ from relayd.sinks.nats_answers import (
     reply_code,
     stream_verdict,
 )
+from relayd.sinks.nats_connection import NatsConnection, no_responders
 from relayd.sinks.nats_dedupe import (
     ATOMIC_DISABLED,
     BATCH_DUPLICATE_ID,
@@ -68,22 +66,17 @@ from relayd.sinks.nats_dedupe import (
     past_window,
     past_window_dead_letter,
 )
-from relayd.sinks.nats_message import NatsMessage, Route, Routes, message_for
+from relayd.sinks.nats_message import NatsMessage, message_for
 from relayd.sinks.nats_settings import NatsSettings
 
 API_PREFIX = "$JS.API"
-# How often the client pings an idle connection, and how many pings may go unanswered: a
-# connection that died without a word is noticed within about half a minute.
-_PING_INTERVAL_S = 10
-_MAX_OUTSTANDING_PINGS = 2
-_RECONNECT_WAIT_S = 1
 # How long the server's API level and the stream's configuration are trusted before they are
 # read again (an operator may change the window or allow_atomic at any time).
 _FACTS_TTL_S = 60.0
 
 
 # Asked on every claim: one value.
-_CAPABILITIES = Capabilities(batches=False, reconcile_by_id=False)
+_CAPABILITIES = Capabilities(batches=True, reconcile_by_id=False)
 
 
 class NatsSink:
@@ -107,24 +100,18 @@ class NatsSink:
         settings.target  # noqa: B018 - ConfigError naming sink.servers or sink.stream
         self._settings = settings
         self._stream = settings.stream_name
-        self._routes = Routes(
-            [Route(route.type, route.subject, route.version) for route in settings.routes]
-        )
+        self._routes = settings.route_table()
         self._health = health
         self._observe = observe
         self._clock = clock
         self._log = get_logger("sink")
-        self._client: Client | None = None
-        self._lock = asyncio.Lock()
-        # The last connection failure and when it was decided: callers that waited for
-        # that attempt share its verdict instead of each trying again in turn.
-        self._failure: tuple[float, SinkDown] | None = None
-        self._last_error: BaseException | None = None
-        # A refusal an operator must fix (credentials, a certificate), once seen while
-        # connecting: a later reset of the same attempt must not hide it.
-        self._severe_error: BaseException | None = None
-        self._last_logged = ""
-        self._closing = False
+        self._connection = NatsConnection(
+            settings,
+            log=self._log,
+            clock=clock,
+            observe=observe,
+            on_reconnected=self._forget_facts,  # perhaps another server, or an upgrade
+        )
         # What the server and the stream reported, and until when (clock) it is trusted.
         self._facts: tuple[float, StreamFacts] | None = None
         self._facts_failure: tuple[float, SinkDown] | None = None
@@ -132,7 +119,7 @@ class NatsSink:
 
     @property
     def capabilities(self) -> Capabilities:
-        # One request per row: the relay runs them concurrently. A stream is asked by
+        # A claim's rows in one pipeline (`batches`: one attempt). A stream is asked by
         # sequence or subject, never by message id, so an unanswered publish is re-sent with
         # the same id; the route's mode keeps the stream from storing it twice, or the
         # window and sink.past_window decide (docs/nats.md#deduplication).
@@ -143,32 +130,52 @@ class NatsSink:
         that is down at start-up is a sink outage (the breaker), not a failed start."""
 
     async def close(self) -> None:
-        self._closing = True
-        client, self._client = self._client, None
-        if client is not None:
-            await _quietly_close(client)
+        await self._connection.close()
+
+    def _forget_facts(self) -> None:
+        self._facts = None
 
     # --- the Sink interface ---
 
     async def group_requests(
         self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope]
     ) -> list[list[ClaimedRow]]:
-        return [[row] for row in rows]
+        # A claim's rows go out as one pipeline: every message written at once, each
+        # waiting for its own PubAck.
+        return [list(rows)]
 
     async def publish(
         self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope], *, send_by: float
     ) -> dict[str, Outcome]:
-        # One row per request (no batches), but a list is what the interface passes: each
-        # row runs to its end before a failure of relayd's own is raised.
-        results = await asyncio.gather(
-            *(self._publish_row(row, envelopes[row.event_id], send_by) for row in rows),
-            return_exceptions=True,
-        )
         outcomes: dict[str, Outcome] = {}
-        for row, result in zip(rows, results, strict=True):
-            if isinstance(result, BaseException):
-                raise result
-            outcomes[row.event_id] = result
+        piped: list[tuple[ClaimedRow, NatsMessage]] = []
+        alone: list[tuple[ClaimedRow, NatsMessage, Mode]] = []
+        client: Client | None = None
+        for row in rows:
+            prepared = await self._prepare(row, envelopes[row.event_id], send_by)
+            if not isinstance(prepared, tuple):
+                outcomes[row.event_id] = prepared
+                continue
+            client, message, mode = prepared
+            if mode is Mode.ATOMIC_MARKER:
+                alone.append((row, message, mode))
+            else:
+                guarded = expecting_new_subject(message) if mode is Mode.ID_IN_SUBJECT else message
+                piped.append((row, guarded))
+        if client is None:
+            return outcomes
+        if piped:
+            outcomes.update(await self._pipeline(client, piped, send_by))
+        if alone:
+            # Each row runs to its end before a failure of relayd's own is raised.
+            results = await asyncio.gather(
+                *(self._send(client, row, message, mode, send_by) for row, message, mode in alone),
+                return_exceptions=True,
+            )
+            for (row, _, _), result in zip(alone, results, strict=True):
+                if isinstance(result, BaseException):
+                    raise result
+                outcomes[row.event_id] = result
         return outcomes
 
     async def reconcile(self, row: ClaimedRow, envelope: Envelope) -> Outcome | NotFound:
@@ -178,7 +185,7 @@ class NatsSink:
     async def check(self) -> tuple[bool, str]:
         """Connect, then ask JetStream for the account and the stream: the stream exists,
         its subjects take every route's subject, and its duplicate window is shown."""
-        client = await self._connection()
+        client = await self._connection.get()
         if isinstance(client, SinkDown):
             return False, client.error
         account = await self._api(client, "account_info", f"{API_PREFIX}.INFO", b"")
@@ -199,7 +206,11 @@ class NatsSink:
 
     # --- one row ---
 
-    async def _publish_row(self, row: ClaimedRow, envelope: Envelope, send_by: float) -> Outcome:
+    async def _prepare(
+        self, row: ClaimedRow, envelope: Envelope, send_by: float
+    ) -> tuple[Client, NatsMessage, Mode] | Outcome:
+        """The row's message, the connection and the route's mode; or the row's outcome
+        when it goes no further (decided here, or the sink is down)."""
         message = message_for(
             envelope,
             self._routes,
@@ -209,7 +220,7 @@ class NatsSink:
         )
         if isinstance(message, DeadLetter):
             return message  # decided here, nothing sent: nothing to tell the breaker
-        client = await self._connection()
+        client = await self._connection.get()
         if isinstance(client, SinkDown):
             return self._noted(client)
         refused = self._over_max_payload(client, message)
@@ -218,6 +229,12 @@ class NatsSink:
         mode = await self._mode(client, row, message, send_by)
         if not isinstance(mode, Mode):
             return mode
+        return client, message, mode
+
+    async def _send(
+        self, client: Client, row: ClaimedRow, message: NatsMessage, mode: Mode, send_by: float
+    ) -> Outcome:
+        """One row on its own, in its mode."""
         if asyncio.get_running_loop().time() > send_by:
             return NotStarted()
         if mode is Mode.ATOMIC_MARKER:
@@ -228,11 +245,68 @@ class NatsSink:
             outcome = await self._publish_one(client, message, row.event_id)
         return self._noted(outcome)
 
+    async def _pipeline(
+        self, client: Client, items: Sequence[tuple[ClaimedRow, NatsMessage]], send_by: float
+    ) -> dict[str, Outcome]:
+        """Every message written before any PubAck is awaited, then each answered on its
+        own within sink.timeout_s; a message without an answer by then is ambiguous (the
+        next attempt re-sends it with the same id)."""
+        loop = asyncio.get_running_loop()
+        inbox = self._connection.inbox
+        outcomes: dict[str, Outcome] = {}
+        waiting: list[tuple[ClaimedRow, NatsMessage, asyncio.Future[Msg]]] = []
+        try:
+            for row, message in items:
+                if loop.time() > send_by:
+                    outcomes[row.event_id] = NotStarted()  # nothing sent after send_by (C4)
+                    continue
+                try:
+                    future = await inbox.send(message.subject, message.body, message.headers)
+                except nats.errors.Error as exc:
+                    self._note("publish", _failure_code(exc))
+                    outcomes[row.event_id] = self._noted(
+                        classify_exception(exc, subject=message.subject)
+                    )
+                    continue
+                waiting.append((row, message, future))
+            if waiting:
+                await asyncio.wait([f for _, _, f in waiting], timeout=self._settings.timeout_s)
+        except asyncio.CancelledError:
+            for _, _, future in waiting:
+                if not future.done():
+                    self._note("publish", "timeout")  # the attempt's deadline cut it
+                future.cancel()
+            raise
+        for row, message, future in waiting:
+            if not future.done():
+                future.cancel()
+                self._note("publish", "timeout")
+                reply: Msg | Outcome = classify_exception(
+                    nats.errors.TimeoutError(), subject=message.subject
+                )
+            elif no_responders(future.result()):
+                self._note("publish", "no_responders")
+                reply = classify_exception(nats.errors.NoRespondersError(), subject=message.subject)
+            else:
+                reply = future.result()
+            outcomes[row.event_id] = self._noted(
+                reply
+                if not isinstance(reply, Msg)
+                else await self._answered(client, reply, message, row.event_id)
+            )
+        return outcomes
+
     async def _publish_one(self, client: Client, message: NatsMessage, event_id: str) -> Outcome:
         """The event alone; a publish expecting its subject empty learns whether it is."""
         reply = await self._request(client, message)
         if not isinstance(reply, Msg):
             return reply
+        return await self._answered(client, reply, message, event_id)
+
+    async def _answered(
+        self, client: Client, reply: Msg, message: NatsMessage, event_id: str
+    ) -> Outcome:
+        """What the reply to a publish of the event alone means, read back if need be."""
         answer = classify_ack(
             reply.data,
             stream=self._stream,
@@ -409,6 +483,9 @@ class NatsSink:
         and again after `_FACTS_TTL_S`, a reconnect, or an answer that shows them stale;
         concurrent rows share one read."""
         asked_at = self._clock()
+        known = self._facts
+        if known is not None and known[0] > asked_at:
+            return known[1]  # the usual case, asked for every row: no lock
         async with self._facts_lock:
             known = self._facts
             if known is not None and known[0] > asked_at:
@@ -444,109 +521,6 @@ class NatsSink:
         self._note(operation, reply_code(reply.data))
         return reply.data
 
-    # --- the connection ---
-
-    async def _connection(self) -> Client | SinkDown:
-        """The process's connection, made on first use; after a failure, again on the next
-        use (the breaker spaces those out). Concurrent callers share one attempt."""
-        client = self._client
-        if client is not None and not client.is_closed:
-            return client
-        asked_at = self._clock()
-        async with self._lock:
-            client = self._client
-            if client is not None and not client.is_closed:
-                return client
-            if self._failure is not None and self._failure[0] >= asked_at:
-                return self._failure[1]
-            made = await self._connect()
-            if isinstance(made, SinkDown):
-                self._failure = (self._clock(), made)
-                return made
-            self._client, self._failure = made, None
-            return made
-
-    async def _connect(self) -> Client | SinkDown:
-        client = Client()
-        self._last_error = self._severe_error = None
-        try:
-            async with asyncio.timeout(self._settings.connect_timeout_s):
-                await client.connect(**self._connect_options(client))
-        except (TimeoutError, nats.errors.Error, OSError) as exc:
-            # The client tries every server until the timeout, reporting each failure to
-            # error_cb: the last of those says why better than the timeout does.
-            await _quietly_close(client)
-            self._note("connect", "error")
-            return classify_connect_failure(self._severe_error or self._last_error or _cause(exc))
-        self._note("connect", "ok")
-        self._log.info(
-            "sink.nats_connected",
-            server=str(client.connected_url.netloc) if client.connected_url else None,
-            version=str(client.connected_server_version),
-            max_payload=client.max_payload,
-        )
-        return client
-
-    def _connect_options(self, client: Client) -> dict[str, Any]:
-        settings = self._settings
-        options: dict[str, Any] = {
-            "servers": list(settings.servers),
-            "name": f"relayd/{__version__}",
-            "error_cb": self._on_error,
-            "disconnected_cb": self._dropper(client),
-            "reconnected_cb": self._on_reconnected,
-            "allow_reconnect": True,
-            # Once connected, reconnect for as long as the process runs; the first connection
-            # is bounded by sink.connect_timeout_s instead.
-            "max_reconnect_attempts": -1,
-            "reconnect_time_wait": _RECONNECT_WAIT_S,
-            "connect_timeout": settings.connect_timeout_s,
-            "ping_interval": _PING_INTERVAL_S,
-            "max_outstanding_pings": _MAX_OUTSTANDING_PINGS,
-            # No reconnect buffer: a publish while disconnected fails at once, unsent (C4).
-            "pending_size": 0,
-            # Verified TLS whenever the server asks for TLS; the CA file for a private PKI.
-            "tls": ssl.create_default_context(
-                cafile=str(settings.ca_file) if settings.ca_file else None
-            ),
-        }
-        if settings.user is not None and settings.password is not None:
-            options["user"] = settings.user
-            options["password"] = settings.password.get_secret_value()
-        elif settings.token is not None:
-            options["token"] = settings.token.get_secret_value()
-        elif settings.nkey_seed_file is not None:
-            options["nkeys_seed"] = str(settings.nkey_seed_file)
-        elif settings.creds_file is not None:
-            options["user_credentials"] = str(settings.creds_file)
-        return options
-
-    def _dropper(self, client: Client) -> Callable[[], Any]:
-        async def dropped() -> None:
-            # Commands queued but not yet written when the connection dropped would be
-            # written once it is back, perhaps long after their attempt's send_by (C4), and
-            # nats-py has no setting against it: discard them. Their requests then time out,
-            # ambiguous, and the next attempt re-sends with the same id.
-            client._pending = []
-            client._pending_data_size = 0
-            if not self._closing:
-                self._log.warning("sink.nats_disconnected", error=_named(self._last_error))
-
-        return dropped
-
-    async def _on_reconnected(self) -> None:
-        self._facts = None  # perhaps another server, or the same one upgraded
-        self._log.info("sink.nats_reconnected")
-
-    async def _on_error(self, exc: Exception) -> None:
-        self._last_error = exc
-        if classify_connect_failure(exc).severe:
-            self._severe_error = exc
-        named = _named(exc)
-        if named != self._last_logged:  # a server down for an hour is one line, not 3,600
-            self._last_logged = named
-            self._log.warning("sink.nats_error", error=named)
-
     # --- reporting ---
 
     def _noted(self, outcome: Outcome) -> Outcome:
@@ -572,23 +546,3 @@ def _failure_code(exc: BaseException) -> str:
     if isinstance(exc, nats.errors.NoRespondersError):
         return "no_responders"
     return "error"
-
-
-def _named(exc: BaseException | None) -> str:
-    """An error as a log line names it: its type, and the server's words for the errors
-    that carry them (an -ERR line: never a secret of ours)."""
-    if exc is None:
-        return "none"
-    if type(exc) is nats.errors.Error:
-        return str(exc)[:200]
-    return type(exc).__name__
-
-
-def _cause(exc: BaseException) -> BaseException | None:
-    """The timeout of the first connection says nothing itself."""
-    return None if isinstance(exc, TimeoutError) else exc
-
-
-async def _quietly_close(client: Client) -> None:
-    with contextlib.suppress(Exception):
-        await client.close()

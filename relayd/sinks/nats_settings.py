@@ -18,6 +18,7 @@ from relayd.errors import ConfigError
 from relayd.models import TYPE_PATTERN
 from relayd.sections import MAX_DURATION_S, KeyedError, Section, read_secret, readable_file
 from relayd.sinks import SinkSettings
+from relayd.sinks.nats_message import Route, Routes
 from relayd.token_file import read_token_file
 
 # A publish subject: dot-separated tokens of visible ASCII, no wildcard. A stream name: one
@@ -104,6 +105,7 @@ class NatsSettings(SinkSettings):
         key: (f"nats-{key.removesuffix('_file').replace('_', '-')}", *_ALL_FILES)
         for key in ("creds_file", "nkey_seed_file", "token_file", "password_file")
     }
+    connection_keys: ClassVar[frozenset[str]] = frozenset({"user", *_ALL_FILES, "ca_file"})
 
     _password: SecretStr | None = PrivateAttr(default=None)
     _token: SecretStr | None = PrivateAttr(default=None)
@@ -253,6 +255,11 @@ class NatsSettings(SinkSettings):
         if not self.servers:
             raise ConfigError("sink.servers", "required (the NATS servers' URLs)")
         return f"{', '.join(self.servers)} stream {self.stream_name}"
+
+    def route_table(self) -> Routes:
+        """The routes as the sink looks them up; producers check their events against the
+        same table (relayd/producer.py)."""
+        return Routes([Route(route.type, route.subject, route.version) for route in self.routes])
 
     def require_routes(self) -> None:
         """`ConfigError` unless at least one route is configured: without one, every event

@@ -29,6 +29,7 @@ class OjsSettings(SinkSettings):
     credentials: ClassVar[Mapping[str, tuple[str, ...]]] = {
         "token_file": ("ojs-token", "token_file")
     }
+    connection_keys: ClassVar[frozenset[str]] = frozenset({"token_file", "ca_file"})
 
     _token: SecretStr | None = PrivateAttr(default=None)
 

@@ -100,6 +100,7 @@ class WebhookSettings(SinkSettings):
     credentials: ClassVar[Mapping[str, tuple[str, ...]]] = {
         "secret_file": ("webhook-secret", "secret_file")
     }
+    connection_keys: ClassVar[frozenset[str]] = frozenset({"secret_file", "ca_file"})
 
     _keys: SigningKeys | None = PrivateAttr(default=None)
     _secret_text: str | None = PrivateAttr(default=None)

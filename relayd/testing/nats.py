@@ -74,6 +74,13 @@ class NatsServer:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        """The running server's process id (for a benchmark reading its CPU)."""
+        if self._process is None:
+            raise RuntimeError("NatsServer.pid before start()")
+        return self._process.pid
+
     def start(self) -> Self:
         self.base.mkdir(parents=True, exist_ok=True)
         store = self.base / "store"

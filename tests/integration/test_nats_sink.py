@@ -251,6 +251,45 @@ async def test_a_missing_stream_dead_letters_nothing_and_opens_the_breaker(
     assert sorted(m["headers"]["Nats-Msg-Id"] for m in await stored(js)) == sorted(ids)
 
 
+async def test_publishes_without_responders_are_the_sinks_failure(
+    database: Database, conn: asyncpg.Connection, nats_server: NatsServer, js: Client
+) -> None:
+    """C5: a route whose subject holds the event id needs no stream facts, so its pipeline
+    is written at once; with no stream on that subject the server answers each publish "no
+    responders": the sink's failure (the breaker), nothing dead-lettered, no attempt used;
+    once the stream exists every event is stored once."""
+    ids = await commit(conn, [event(n) for n in range(30)])
+    routes = [{"type": "order.updated", "subject": "events.orders.{id}"}]
+    async with running(nats_settings(database.dsn, nats_server.url, routes=routes)) as daemon:
+
+        async def opened() -> bool:
+            value = daemon.metrics.registry.get_sample_value("relayd_breaker_opened_total")
+            return (value or 0) >= 1
+
+        await eventually(opened)
+        answered = daemon.metrics.registry.get_sample_value(
+            "relayd_sink_requests_total",
+            {"sink": "nats", "operation": "publish", "code": "no_responders"},
+        )
+        assert (answered or 0) >= 1
+        assert await dead(conn) == {}
+
+        async def named() -> bool:  # the settle follows the breaker's count
+            errors = await conn.fetch("SELECT last_error FROM relayd.outbox")
+            return any(
+                (e["last_error"] or "").startswith("no responders on events.orders.")
+                for e in errors
+            )
+
+        await eventually(named)
+        await add_stream(js)
+        await eventually(lambda: drained(conn))
+    assert await conn.fetchval("SELECT max(attempts) FROM relayd.outbox") <= 1
+    messages = await stored(js)
+    assert sorted(m["headers"]["Nats-Msg-Id"] for m in messages) == sorted(ids)
+    assert {m["subject"] for m in messages} == {f"events.orders.{i}" for i in ids}
+
+
 async def test_refused_credentials_are_severe_and_never_shown(
     database: Database, conn: asyncpg.Connection, tmp_path: Path
 ) -> None:
