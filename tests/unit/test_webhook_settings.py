@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from relayd.config import load_settings
+from relayd.config import load_producer_sections, load_settings
 from relayd.errors import ConfigError
 from relayd.sinks import SinkSettings
 from relayd.sinks.registry import kinds
@@ -194,3 +194,16 @@ def test_the_example_documents_the_webhook_keys_and_its_section_loads(tmp_path: 
     sink = load_settings(path).sink
     assert isinstance(sink, WebhookSettings)
     assert sink.endpoints == {"order.paid": "https://billing.example/hooks/orders"}
+
+
+def test_a_producer_loads_the_sink_without_its_secret(tmp_path: Path) -> None:
+    """A producer reading the daemon's file leaves the secret file and CA bundle unread."""
+    path = tmp_path / "relayd.toml"
+    path.write_text(
+        "[sink]\nkind = 'webhook'\nurl = 'https://x/'\n"
+        "secret_file = '/nonexistent/whsec'\nca_file = '/nonexistent/ca.pem'\n"
+    )
+    _, sink = load_producer_sections(path)
+    assert isinstance(sink, WebhookSettings)
+    assert sink.secret_file is None
+    assert sink.url == "https://x/"
