@@ -310,3 +310,51 @@ async def test_redirects_are_not_followed_and_answers_are_read_with_a_bound(
     )
     assert [row["event_id"] for row in dead_ids] == refused
     assert redirected[0] not in refused
+
+
+async def test_a_slowed_endpoint_holds_back_only_its_own_rows(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """The slow-down is per endpoint: one answering 503 with a long Retry-After is left
+    alone (its rows wait unsent, no attempt used, nothing dead-lettered) while another
+    endpoint's rows are all delivered."""
+    secret_file = tmp_path / "whsec"
+    write_secrets(secret_file, OLD)
+    fast = await commit(conn, 20, "order.paid")
+    busy = await commit(conn, 100, "order.busy")
+
+    arrivals_at_busy: list[str] = []
+
+    def script(path: str, webhook_id: str, before: int) -> Fault | None:
+        if path != "busy":
+            return None
+        arrivals_at_busy.append(webhook_id)
+        return Fault(503, {"Retry-After": "30"}, store=False)
+
+    async with receiving([OLD], script) as receiver:
+        routes = [
+            {"type": "order.paid", "url": receiver.endpoint("fast")},
+            {"type": "order.busy", "url": receiver.endpoint("busy")},
+        ]
+        settings = webhook_settings(database.dsn, secret_file, routes=routes)
+        async with running(settings):
+            await receiver.wait_for(lambda r: set(fast) <= set(r.stored))
+
+            async def all_held() -> bool:
+                # Every busy row was tried or held once (none is in flight or unclaimed).
+                held: int = await conn.fetchval(
+                    "SELECT count(*) FROM relayd.outbox WHERE event_id = ANY($1::uuid[]) "
+                    "AND available_at > now() + interval '5 s'",
+                    busy,
+                )
+                return held == len(busy)
+
+            await eventually(all_held)
+    # Before its first 503 was read, at most the 16 concurrent requests (and one per slot a
+    # fast row freed) went to the busy endpoint; after it, none.
+    assert len(arrivals_at_busy) <= 16 + len(fast)
+    assert await dead(conn) == []
+    attempts = await conn.fetchval(
+        "SELECT max(attempts) FROM relayd.outbox WHERE event_id = ANY($1::uuid[])", busy
+    )
+    assert attempts == 0
