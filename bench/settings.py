@@ -28,6 +28,7 @@ RELAYD: MappingProxyType[str, MappingProxyType[str, str]] = MappingProxyType(
         # nats: the NATS sink at its defaults (bench/nats.py gives the server, the stream
         # and the routes, as RELAYD_SINK__* variables).
         "nats": MappingProxyType({}),
+        "webhook": MappingProxyType({"RELAYD_SINK__KIND": "webhook"}),  # bench/webhook.py
     }
 )
 

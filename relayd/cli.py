@@ -228,10 +228,11 @@ def _add_demo_command(commands: Commands, common: argparse.ArgumentParser) -> No
     )
     demo.add_argument(
         "--sink",
-        choices=("ojs", "nats"),
+        choices=("ojs", "nats", "webhook"),
         default="ojs",
-        help="the sink: the OJS emulator (ojs, the default) or an embedded nats-server with "
-        "JetStream (nats)",
+        help="the sink: the OJS emulator (ojs, the default), an embedded nats-server with "
+        "JetStream (nats), or an embedded webhook receiver that verifies every signature "
+        "(webhook)",
     )
     demo.set_defaults(handler=_demo)
 
@@ -247,6 +248,12 @@ def _demo(args: argparse.Namespace) -> int:
         if args.keep:
             raise ConfigError("--keep", "is for the OJS demo only (--sink ojs)")
         return run_nats_demo(args.rows)
+    if args.sink == "webhook":
+        from relayd.demo_webhook import run_webhook_demo  # noqa: PLC0415 - needs the dev extra
+
+        if args.keep:
+            raise ConfigError("--keep", "is for the OJS demo only (--sink ojs)")
+        return run_webhook_demo(args.rows)
     return run_demo(args.rows, keep=args.keep)
 
 

@@ -120,6 +120,12 @@ class RelayMetrics:
             "Times the poison-storm guard tripped on a queue and job type.",
             registry=r,
         )
+        self.sink_pauses = Counter(
+            "relayd_sink_pauses",
+            "Pauses the sink asked for and relayd stored: a webhook endpoint that answered "
+            "410 Gone (its route is paused until an operator resumes it).",
+            registry=r,
+        )
         self.storm_local_holds = Gauge(
             "relayd_poison_storm_local_holds",
             "Queues and types the poison-storm guard holds in this process alone, because "

@@ -302,11 +302,16 @@ class NotStarted:
 
 @dataclass(frozen=True, slots=True)
 class Held:
-    """Not sent: the poison-storm guard holds the row's queue and type (relayd/storm.py).
-    Due again after `retry_after_s`, without using an attempt."""
+    """Not sent, or not accepted for a reason that is not the row's: the poison-storm guard
+    holds the row's queue and type (relayd/storm.py), or the sink's endpoint asks to be left
+    alone (a webhook receiver's 429 or 410). Due again after `retry_after_s`, without using
+    an attempt. `pause`, when set, is the (queue, type) the sink asks to pause, `'*'` for
+    every one (a webhook endpoint that answered 410 Gone): stored and audited with `error`
+    as its reason."""
 
     error: str
     retry_after_s: float
+    pause: tuple[str, str] | None = None
 
 
 Outcome = Published | RetryLater | SinkDown | DeadLetter | NotStarted | Held

@@ -1,5 +1,6 @@
 """The poison-storm guard as a relay process uses it: which rows it keeps from the sink,
-which rejections it retries instead of dead-lettering, and storing its pauses.
+which rejections it retries instead of dead-lettering, and storing its pauses (and those the
+sink asks for: a webhook endpoint that answered 410 Gone).
 
 `relayd/storm.py` decides (pure); this module acts on the decisions: a trip is logged,
 counted and paused (`Store.pause`, with its audit row) at once; a pause PostgreSQL refuses
@@ -57,6 +58,7 @@ class StormHold:
         the database now (another replica's guard, or an operator, paused them while this
         claim was in flight: dead-lettering them would exceed the one window each replica
         may spend)."""
+        await self._sink_pauses(outcomes)
         settled, rejected_ids = settled_by_key(outcomes, keys)
         tripped = self.guard.record(settled, asyncio.get_running_loop().time())
         if tripped:
@@ -78,6 +80,29 @@ class StormHold:
             for event_id in rejected
             if any(pause.holds(*keys[event_id]) for pause in pauses)
         }
+
+    async def _sink_pauses(self, outcomes: Mapping[str, Outcome]) -> None:
+        """Store each pause the sink asked for (a webhook endpoint's 410), once per claim,
+        with its audit row; its rows were held, not dead-lettered. A pause PostgreSQL refuses
+        is logged: the sink holds its endpoint meanwhile and asks again on its next 410."""
+        asked = {
+            outcome.pause: outcome.error
+            for outcome in outcomes.values()
+            if isinstance(outcome, Held) and outcome.pause is not None
+        }
+        for (queue, job_type), error in asked.items():
+            reason = f"the sink asked for it: {error}"
+            try:
+                inserted = await self.store.pause(queue, job_type, reason, self.actor)
+            except (DatabaseUnavailable, StatementError) as exc:
+                self._log.error(
+                    "relay.sink_pause_failed", queue=queue, type=job_type, error=str(exc)
+                )
+                continue
+            self.metrics.sink_pauses.inc()
+            self._log.error(
+                "relay.sink_paused", queue=queue, type=job_type, reason=reason, new=inserted
+            )
 
     async def store_pauses(self) -> None:
         """Store the pause of every queue and type the guard holds without one, each with its

@@ -39,6 +39,8 @@ CHECK_INTERVAL_S = 1.0
 SECRET_MAX_BYTES = 64 * 1024
 
 _Signature = tuple[int, int, int]
+# What a file's text must be to be used: the text to use, or `SecretFileError` saying why not.
+_Check = Callable[[Path, str], str]
 _T = TypeVar("_T")
 
 _FILE_KINDS = (
@@ -166,15 +168,13 @@ def _signature(info: os.stat_result) -> _Signature:
     return (info.st_mtime_ns, info.st_size, info.st_ino)
 
 
-def _look_at(path: Path, known: _Signature | None) -> _Look:
+def _look_at(path: Path, known: _Signature | None, check: _Check) -> _Look:
     """Stat the file; read it if its signature is not `known`. Never raises."""
     try:
         if _signature(os.stat(path)) == known:
             return _Look()
         data, info = _read_regular(path)
-        return _Look(
-            token=_checked_token(path, _secret_text(path, data)), signature=_signature(info)
-        )
+        return _Look(token=check(path, _secret_text(path, data)), signature=_signature(info))
     except OSError as exc:
         return _Look(error=f"cannot read {path}: {exc.strerror}")
     except SecretFileError as exc:
@@ -212,6 +212,9 @@ class TokenFile:
     a look is under way requests go on with the token in use: a look that hangs delays no
     request but the one that started it. `refresh()` looks now: the sink calls it on every
     401/403, and the request after it sends what the file holds.
+
+    `check` decides what the file may hold: a bearer token unless told otherwise (the
+    webhook sink's signing secrets are checked by their own rules).
     """
 
     def __init__(
@@ -221,8 +224,10 @@ class TokenFile:
         *,
         interval_s: float = CHECK_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        check: _Check = _checked_token,
     ) -> None:
         self.path = path
+        self._check = check
         self._token = token
         self._interval_s = interval_s
         self._clock = clock
@@ -256,7 +261,7 @@ class TokenFile:
         if self._look is None:
             self._checked_at = self._clock()
             known = None if self._unusable else self._signature
-            self._look = _off_loop(functools.partial(_look_at, self.path, known))
+            self._look = _off_loop(functools.partial(_look_at, self.path, known, self._check))
             # Registered before any waiter's own callback, so the result is applied before
             # a waiter resumes.
             self._look.add_done_callback(self._apply)

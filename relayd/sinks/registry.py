@@ -12,12 +12,14 @@ from relayd.sections import KeyedError
 from relayd.sinks import SinkSettings
 from relayd.sinks.nats_settings import NatsSettings
 from relayd.sinks.ojs_settings import OjsSettings
+from relayd.sinks.webhook_settings import WebhookSettings
 
 DEFAULT_KIND = "ojs"
 
 _KINDS: dict[str, type[SinkSettings]] = {
     "ojs": OjsSettings,
     "nats": NatsSettings,
+    "webhook": WebhookSettings,
 }
 
 

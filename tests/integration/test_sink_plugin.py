@@ -181,5 +181,5 @@ def test_keys_are_those_of_the_configured_kind(
         load_settings(path)
     assert (
         str(unknown.value)
-        == "sink.kind: unknown sink kind 'kafka' (relayd knows 'memory', 'nats', 'ojs')"
+        == "sink.kind: unknown sink kind 'kafka' (relayd knows 'memory', 'nats', 'ojs', 'webhook')"
     )

@@ -1,0 +1,282 @@
+"""The webhook sink's transport: one signed POST per row (Standard Webhooks), over one
+keep-alive aiohttp session, with each endpoint's own slow-down and 410 state.
+
+What is sent and what each answer means is decided in `relayd/sinks/webhook_answers.py`,
+the signature in `relayd/sinks/webhook_signing.py`; aiohttp's exceptions stop here, turned
+into outcome values. Redirects are not followed, answers are read up to a bound, and no
+secret is ever put in a log line, an error or a metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ssl
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from relayd import __version__
+from relayd.logs import get_logger
+from relayd.models import (
+    ClaimedRow,
+    DeadLetter,
+    Envelope,
+    Held,
+    NotFound,
+    NotStarted,
+    Outcome,
+    Published,
+    SinkDown,
+)
+from relayd.sinks import Capabilities, ExchangeObserver, SinkHealth
+from relayd.sinks.ojs_answers import classify_exception, unbuildable
+from relayd.sinks.webhook_answers import (
+    GONE_RETRY_S,
+    HEADER_ID,
+    HEADER_SIGNATURE,
+    HEADER_TIMESTAMP,
+    Delivery,
+    Gone,
+    Response,
+    SlowDown,
+    classify,
+    delivery_for,
+    slow_delay_s,
+)
+from relayd.sinks.webhook_settings import WebhookSettings, check_secret_text
+from relayd.sinks.webhook_signing import SigningKeys, parse_secrets, signature_header
+from relayd.token_file import TokenFile
+
+# Only an excerpt of an answer is ever shown: reading more is wasted, and a receiver that
+# streams an endless body must not hold the attempt.
+MAX_ANSWER_BYTES = 64 * 1024
+
+# The answers with which a receiver refuses our signature: the secret file is read again.
+_REFUSED_SIGNATURE = frozenset({401, 403})
+# What C2 means for webhooks (docs/contract.md), as `relayd check` says it.
+DELIVERY_GUARANTEE = "at least once, deduplicated by webhook-id at the receiver"
+# Asked on every claim: one value. A receiver cannot be asked what it holds: an unanswered
+# delivery is sent again with the same webhook-id, and the receiver deduplicates.
+_CAPABILITIES = Capabilities(batches=False, reconcile_by_id=False)
+
+
+@dataclass(slots=True)
+class _Endpoint:
+    """What one endpoint said lately: left alone until `quiet_until` (loop time) after a
+    slow-down (`slowed` in a row) or a 410 (`gone`)."""
+
+    quiet_until: float = float("-inf")
+    slowed: int = 0
+    gone: bool = False
+
+
+class WebhookSink:
+    """Delivers rows as signed webhooks to the endpoints of `[sink]`.
+
+    Nothing is sent after the attempt's `send_by` (C4). The signing secrets follow
+    `sink.secret_file` when an operator rewrites it: the file is looked at (off the loop) no
+    more than once a second, and at once after a 401/403 (relayd/token_file.py).
+    """
+
+    def __init__(
+        self,
+        settings: WebhookSettings,
+        health: SinkHealth,
+        *,
+        observe: ExchangeObserver | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        settings.target  # noqa: B018 - ConfigError naming sink.url
+        self._settings = settings
+        self._routes = settings.endpoints
+        self._health = health
+        self._observe = observe
+        # The wall clock of webhook-timestamp (receivers compare it with theirs).
+        self._clock = clock
+        self._secrets = TokenFile(
+            settings.secret_path, settings.secret_text, check=check_secret_text
+        )
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._log = get_logger("sink")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return _CAPABILITIES
+
+    async def start(self) -> None:
+        ssl_context = ssl.create_default_context(
+            cafile=str(self._settings.ca_file) if self._settings.ca_file else None
+        )
+        self._session = aiohttp.ClientSession(
+            headers={"User-Agent": f"relayd/{__version__}"},
+            connector=aiohttp.TCPConnector(
+                limit=self._settings.concurrency, ssl=ssl_context, keepalive_timeout=30
+            ),
+            # The relay bounds each attempt; only connecting has its own, shorter limit.
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=self._settings.connect_timeout_s
+            ),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # --- the Sink interface ---
+
+    async def group_requests(
+        self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope]
+    ) -> list[list[ClaimedRow]]:
+        return [[row] for row in rows]
+
+    async def publish(
+        self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope], *, send_by: float
+    ) -> dict[str, Outcome]:
+        if len(rows) == 1:  # what the relay asks of a sink that does not batch
+            row = rows[0]
+            return {row.event_id: await self._deliver(row, envelopes[row.event_id], send_by)}
+        results = await asyncio.gather(
+            *(self._deliver(row, envelopes[row.event_id], send_by) for row in rows),
+            return_exceptions=True,
+        )
+        outcomes: dict[str, Outcome] = {}
+        for row, result in zip(rows, results, strict=True):
+            if isinstance(result, BaseException):
+                raise result
+            outcomes[row.event_id] = result
+        return outcomes
+
+    async def reconcile(self, row: ClaimedRow, envelope: Envelope) -> Outcome | NotFound:
+        """A receiver cannot be asked what it holds (capabilities: no reconcile_by_id)."""
+        return NotFound()
+
+    async def check(self) -> tuple[bool, str]:
+        """The secrets parse and each endpoint accepts a connection. Nothing is POSTed: a
+        probe would be a delivery a receiver must verify and store."""
+        keys = await self._keys()
+        for url in self._settings.urls:
+            answer = await self._exchange("HEAD", url, None, {})
+            if isinstance(answer, SinkDown):
+                return False, f"{url} unreachable: {answer.error}"
+        count = len(keys.keys)
+        secrets = f"{count} signing secret{'s' if count > 1 else ''}"
+        return True, f"endpoints answer; {secrets}; {DELIVERY_GUARANTEE}"
+
+    # --- one row ---
+
+    async def _deliver(self, row: ClaimedRow, envelope: Envelope, send_by: float) -> Outcome:
+        delivery = delivery_for(envelope, url=self._settings.url, routes=self._routes)
+        if isinstance(delivery, DeadLetter):
+            return delivery  # decided here, nothing sent: nothing to tell the breaker
+        endpoint = self._endpoints.setdefault(delivery.url, _Endpoint())
+        loop = asyncio.get_running_loop()
+        quiet_s = endpoint.quiet_until - loop.time()
+        if quiet_s > 0:
+            why = "answered 410 Gone" if endpoint.gone else "asked to slow down"
+            return Held(f"not sent: the endpoint {why}", retry_after_s=quiet_s)
+        keys = await self._keys()
+        if loop.time() > send_by:
+            return NotStarted()
+        timestamp_s = int(self._clock())
+        headers = dict(delivery.headers)
+        headers[HEADER_TIMESTAMP] = str(timestamp_s)
+        headers[HEADER_SIGNATURE] = signature_header(
+            keys, delivery.headers[HEADER_ID], timestamp_s, delivery.body
+        )
+        answer = await self._exchange("POST", delivery.url, delivery.body, headers)
+        if isinstance(answer, SinkDown):
+            self._health.sink_failed(severe=answer.severe)
+            return answer
+        if answer.status in _REFUSED_SIGNATURE:
+            await self._secrets.refresh()  # the operator may have rotated the secret
+        return self._answered(endpoint, delivery, classify(answer), loop.time())
+
+    def _answered(
+        self,
+        endpoint: _Endpoint,
+        delivery: Delivery,
+        answer: Outcome | Gone | SlowDown,
+        now: float,
+    ) -> Outcome:
+        if isinstance(answer, Published):
+            endpoint.slowed, endpoint.gone = 0, False
+            self._health.sink_accepted()
+            return answer
+        if isinstance(answer, SinkDown):
+            self._health.sink_failed(severe=answer.severe)
+            return answer
+        self._health.sink_answered()
+        if isinstance(answer, Gone):
+            endpoint.gone, endpoint.quiet_until = True, now + GONE_RETRY_S
+            self._log.error("sink.webhook_gone", url=delivery.url, pause=list(delivery.pause))
+            error = f"{delivery.url} answered {answer.error}"
+            return Held(error, retry_after_s=GONE_RETRY_S, pause=delivery.pause)
+        if isinstance(answer, SlowDown):
+            # Requests in flight together answer together: only the first slow answer after
+            # the endpoint was left alone counts as one more in a row.
+            if now >= endpoint.quiet_until:
+                endpoint.slowed += 1
+            delay_s = slow_delay_s(answer.retry_after_s, endpoint.slowed)
+            endpoint.quiet_until = max(endpoint.quiet_until, now + delay_s)
+            self._log.warning("sink.webhook_slowed", url=delivery.url, delay_s=round(delay_s, 3))
+            return Held(f"slowed down: {answer.error}", retry_after_s=delay_s)
+        return answer
+
+    async def _keys(self) -> SigningKeys:
+        """The keys of the secret file's current text (parsed once per text)."""
+        return _parsed(await self._secrets.current())
+
+    # --- transport ---
+
+    async def _exchange(
+        self, method: str, url: str, body: bytes | None, headers: dict[str, str]
+    ) -> Response | SinkDown:
+        if self._session is None:
+            raise RuntimeError("WebhookSink.start() was not called")
+        # Unless an answer or a transport failure says otherwise, the exchange was cut by
+        # the attempt's deadline (a cancellation, which is not ours to swallow).
+        code = "timeout"
+        answered = False
+        try:
+            async with self._session.request(
+                method, url, data=body, headers=headers, allow_redirects=False
+            ) as response:
+                answered = True
+                code = str(response.status)
+                content = await _read_bounded(response.content)
+                return Response(response.status, content, response.headers.get("Retry-After"))
+        except aiohttp.ClientError as exc:
+            code = "error"
+            return classify_exception(exc)
+        except (ValueError, TypeError) as exc:
+            if answered:
+                raise
+            code = "error"
+            return unbuildable(exc)
+        finally:
+            if self._observe is not None:
+                self._observe(method, code)
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(text: str) -> SigningKeys:
+    return parse_secrets(text)
+
+
+async def _read_bounded(stream: aiohttp.StreamReader) -> bytes:
+    """At most MAX_ANSWER_BYTES of the answer, however the network slices it."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < MAX_ANSWER_BYTES:
+        chunk = await stream.read(MAX_ANSWER_BYTES - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
