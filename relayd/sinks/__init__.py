@@ -14,17 +14,27 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Annotated, ClassVar, Protocol
 
-from pydantic import Field, PrivateAttr
+from pydantic import AfterValidator, Field, PrivateAttr
 
-from relayd.models import ClaimedRow, Envelope, NotFound, Outcome
+from relayd.models import TYPE_PATTERN, ClaimedRow, Envelope, NotFound, Outcome
 from relayd.sections import MAX_DURATION_S, Section
 
 # Told of every exchange with the sink: its operation (for an HTTP sink, the method) and its
 # result as a bounded label: a status or code as text, "error" (no answer: the transport
 # failed) or "timeout" (the attempt's deadline ended it). `relayd_sink_requests_total`.
 ExchangeObserver = Callable[[str, str], None]
+
+
+def _event_type(value: str) -> str:
+    if not TYPE_PATTERN.match(value):
+        raise ValueError(f"an event type matches {TYPE_PATTERN.pattern}")
+    return value
+
+
+# A route's `type` (`[[sink.routes]]` of every kind that routes by event type).
+RouteType = Annotated[str, AfterValidator(_event_type)]
 
 
 @dataclass(frozen=True, slots=True)

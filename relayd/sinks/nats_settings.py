@@ -15,9 +15,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from relayd.errors import ConfigError
-from relayd.models import TYPE_PATTERN
 from relayd.sections import MAX_DURATION_S, KeyedError, Section, read_secret, readable_file
-from relayd.sinks import SinkSettings
+from relayd.sinks import RouteType, SinkSettings
 from relayd.sinks.nats_message import Route, Routes
 from relayd.token_file import read_token_file
 
@@ -50,16 +49,9 @@ def _json_array(text: str) -> list[object]:
 class NatsRoute(Section):
     """`[[sink.routes]]`: events of `type` (and of `version`, if set) go to `subject`."""
 
-    type: str
+    type: RouteType
     subject: str
     version: int | None = Field(default=None, ge=1)
-
-    @field_validator("type")
-    @classmethod
-    def _valid_type(cls, value: str) -> str:
-        if not TYPE_PATTERN.match(value):
-            raise ValueError(f"an event type matches {TYPE_PATTERN.pattern}")
-        return value
 
     @field_validator("subject")
     @classmethod

@@ -27,6 +27,7 @@ from relayd.models import (
     SinkDown,
 )
 from relayd.sinks import Capabilities, ExchangeObserver, SinkHealth
+from relayd.sinks.http_answers import Response, classify_exception, unbuildable
 from relayd.sinks.ojs_answers import (
     BATCH_PATH,
     JOBS_PATH,
@@ -38,13 +39,11 @@ from relayd.sinks.ojs_answers import (
     BatchNotServed,
     BatchSplit,
     Reconcile,
-    Response,
     SecretPieces,
     batch_body,
     batchable,
     chunk_batches,
     classify_batch,
-    classify_exception,
     classify_get,
     classify_post,
     parse_json,
@@ -52,7 +51,6 @@ from relayd.sinks.ojs_answers import (
     request_id,
     scrubbed,
     secret_forms,
-    unbuildable,
 )
 from relayd.sinks.ojs_settings import OjsSettings
 from relayd.token_file import TokenFile
@@ -385,7 +383,7 @@ class OjsSink:
             if answered:
                 raise
             code = "error"
-            return unbuildable(exc)
+            return unbuildable(exc, check="sink.token_file and sink.url")
         finally:
             if self._observe is not None:
                 self._observe(method, code)

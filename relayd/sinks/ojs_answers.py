@@ -18,7 +18,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-import aiohttp
 import msgspec
 
 from relayd import jsonvalue
@@ -36,6 +35,7 @@ from relayd.models import (
     SinkDown,
 )
 from relayd.retry import parse_retry_after
+from relayd.sinks.http_answers import Response, excerpt
 
 MEDIA_TYPE = "application/openjobspec+json"
 JOBS_PATH = "/ojs/v1/jobs"
@@ -52,12 +52,6 @@ _ALIASES = {"duplicate_job": "duplicate"}
 # An OJS error code: `invalid_request`, `DUPLICATE_JOB`, `PayloadTooLarge`, `x_custom`. A
 # framework's `"error": "Bad Request"` is a reason phrase, not a code.
 _CODE = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-# How much of a body that is not an OJS error reaches last_error and logs, and how much of
-# it is looked at to find that much text (an HTML page's markup is dropped).
-_EXCERPT_CHARS = 120
-_EXCERPT_SCAN_BYTES = 4096
-_MARKUP = re.compile(r"<[^>]*>")
-_SPACES = re.compile(r"\s+")
 # The statuses with which an OJS server refuses a row as invalid: its verdict on the row
 # only when it says so in its own error format (`SinkError.ojs`).
 _ROW_VERDICTS = {
@@ -73,13 +67,6 @@ class Reconcile:
 
     error: str
     existing_job_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Response:
-    status: int
-    body: bytes
-    retry_after: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,15 +125,6 @@ def parse_error(body: bytes) -> SinkError:
 
 def _is_code(value: object) -> bool:
     return isinstance(value, str) and _CODE.fullmatch(value) is not None
-
-
-def excerpt(body: bytes) -> str:
-    """The start of a body that is not an OJS error, as one short line of text: an HTML
-    page's markup dropped, control characters and runs of whitespace made one space."""
-    text = _MARKUP.sub(" ", body[:_EXCERPT_SCAN_BYTES].decode("utf-8", "replace"))
-    text = "".join(char if char.isprintable() else " " for char in text)
-    text = _SPACES.sub(" ", text).strip()
-    return text if len(text) <= _EXCERPT_CHARS else text[:_EXCERPT_CHARS] + "..."
 
 
 def _not_a_verdict(status: int, error: SinkError, body: bytes, prefix: str) -> SinkDown:
@@ -252,35 +230,6 @@ def differences(envelope: Envelope, job: Mapping[str, Any]) -> list[str]:
     if envelope.tags is not None and not equal(job.get("tags"), envelope.tags):
         found.append("tags")
     return found
-
-
-def unbuildable(exc: BaseException) -> SinkDown:
-    """The HTTP client refused to build the request (a header or URL it will not send). The
-    text names the exception's type only: its message may quote the header value."""
-    return SinkDown(
-        f"the request could not be built ({type(exc).__name__}; check sink.token_file and "
-        "sink.url)",
-        reached=False,
-        severe=True,
-    )
-
-
-def classify_exception(exc: BaseException) -> SinkDown:
-    """A transport failure. `reached` is False only when no byte can have been stored."""
-    if isinstance(exc, aiohttp.ClientSSLError):
-        return SinkDown(f"TLS failure: {type(exc).__name__}", reached=False, severe=True)
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return SinkDown("connect timed out", reached=False)
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        reason = exc.os_error.strerror or type(exc.os_error).__name__
-        return SinkDown(f"cannot connect: {reason}", reached=False)
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return SinkDown("the server closed the connection without an answer")
-    if isinstance(exc, aiohttp.ClientOSError):
-        return SinkDown(f"connection failed mid-request: {exc.strerror or type(exc).__name__}")
-    if isinstance(exc, aiohttp.ServerTimeoutError):
-        return SinkDown("read timed out")
-    return SinkDown(f"HTTP client error: {type(exc).__name__}")
 
 
 def request_id(event_id: str, attempt: int, suffix: str = "") -> str:

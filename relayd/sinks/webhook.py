@@ -32,7 +32,7 @@ from relayd.models import (
     SinkDown,
 )
 from relayd.sinks import Capabilities, ExchangeObserver, SinkHealth
-from relayd.sinks.ojs_answers import classify_exception, unbuildable
+from relayd.sinks.http_answers import Response, classify_exception, unbuildable
 from relayd.sinks.webhook_answers import (
     GONE_RETRY_S,
     HEADER_ID,
@@ -40,7 +40,6 @@ from relayd.sinks.webhook_answers import (
     HEADER_TIMESTAMP,
     Delivery,
     Gone,
-    Response,
     SlowDown,
     classify,
     delivery_for,
@@ -258,7 +257,7 @@ class WebhookSink:
             if answered:
                 raise
             code = "error"
-            return unbuildable(exc)
+            return unbuildable(exc, check="sink.url and sink.routes")
         finally:
             if self._observe is not None:
                 self._observe(method, code)

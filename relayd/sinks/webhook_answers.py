@@ -29,7 +29,7 @@ import msgspec
 from relayd.events import META_OCCURRED_AT, valid_time
 from relayd.models import DeadLetter, DeadReason, Envelope, Outcome, Published, SinkDown
 from relayd.retry import parse_retry_after
-from relayd.sinks.ojs_answers import excerpt
+from relayd.sinks.http_answers import Response, excerpt
 from relayd.trace_context import META_TRACEPARENT
 
 CONTENT_TYPE = "application/json"
@@ -79,13 +79,6 @@ class Delivery:
     headers: Mapping[str, str]
     # The pause a 410 from this endpoint asks for: (queue, type), '*' for every one.
     pause: tuple[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class Response:
-    status: int
-    body: bytes
-    retry_after: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,9 +17,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from relayd.errors import ConfigError
-from relayd.models import TYPE_PATTERN
 from relayd.sections import MAX_DURATION_S, KeyedError, Section, read_secret, readable_file
-from relayd.sinks import SinkSettings
+from relayd.sinks import RouteType, SinkSettings
 from relayd.sinks.webhook_signing import SecretsError, SigningKeys, parse_secrets
 from relayd.token_file import SecretFileError, read_secret_file
 
@@ -68,15 +67,8 @@ def read_secrets_file(path: Path) -> str:
 class WebhookRoute(Section):
     """`[[sink.routes]]`: events of `type` are delivered to `url`."""
 
-    type: str
+    type: RouteType
     url: str
-
-    @field_validator("type")
-    @classmethod
-    def _valid_type(cls, value: str) -> str:
-        if not TYPE_PATTERN.match(value):
-            raise ValueError(f"an event type matches {TYPE_PATTERN.pattern}")
-        return value
 
     @field_validator("url")
     @classmethod

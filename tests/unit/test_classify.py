@@ -24,6 +24,7 @@ from relayd.models import (
     RetryLater,
     SinkDown,
 )
+from relayd.sinks.http_answers import Response, classify_exception
 from relayd.sinks.ojs_answers import (
     BatchAccepted,
     BatchDrop,
@@ -32,11 +33,9 @@ from relayd.sinks.ojs_answers import (
     BatchSplit,
     BatchVerdict,
     Reconcile,
-    Response,
     SecretPieces,
     chunk_batches,
     classify_batch,
-    classify_exception,
     classify_get,
     classify_post,
     differences,

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from relayd.models import DeadLetter, DeadReason, Envelope, Published, SinkDown
+from relayd.sinks.http_answers import Response
 from relayd.sinks.webhook_answers import (
     DELIVERED,
     MAX_SLOW_S,
     Delivery,
     Gone,
-    Response,
     SlowDown,
     classify,
     delivery_for,
