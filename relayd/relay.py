@@ -59,6 +59,7 @@ from relayd.sinks import Sink
 from relayd.store import Store
 from relayd.storm import Key
 from relayd.storm_hold import StormHold
+from relayd.tracing import ClaimSpan, RelayTracing
 from relayd.wakeup import WorkSignal
 from relayd.watermark import Watermark
 
@@ -117,6 +118,8 @@ class RelayContext:
     # even in backoff or leased; paused rows do not count): the run-until-idle mode stops
     # the daemon there.
     on_idle: Callable[[], None] | None = None
+    # Spans for claim, publish and settle (relayd/tracing.py); None: none, at no cost.
+    tracing: RelayTracing | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ class Claim:
     start_by: float  # no attempt starts, no POST is sent, after this
     lease_ends: float  # the lease has certainly expired by then: settling is pointless
     answered_at: float  # when the claim's answer arrived (for the commit-to-publish lag)
+    span: ClaimSpan | None = None  # the claim's span, parent of its publish and settle spans
 
 
 class RelayWorker:
@@ -228,8 +232,15 @@ class RelayWorker:
         self._watermark.advance(batch)
         rows = batch.rows
         answered_at = loop.time()
+        elapsed_s = time.perf_counter() - timer
         self._ctx.metrics.claims.inc()
-        self._ctx.metrics.claim_duration.observe(time.perf_counter() - timer)
+        self._ctx.metrics.claim_duration.observe(elapsed_s)
+        tracing = self._ctx.tracing
+        span = (
+            None
+            if tracing is None or not rows
+            else tracing.claimed(elapsed_s, limit, len(rows), self.name)
+        )
         if rows:
             self._ctx.metrics.claimed_rows.inc(len(rows))
             self.in_flight = len(rows)
@@ -244,6 +255,7 @@ class RelayWorker:
             start_by=lease_ends - 2 * self._settings.attempt_timeout_s,
             lease_ends=lease_ends,
             answered_at=answered_at,
+            span=span,
         )
 
     async def wait_for_work(self) -> None:
@@ -380,6 +392,8 @@ class RelayWorker:
             # One observation per attempt and outcome: a batch's rows share its duration.
             for label in {_label(outcome) for outcome in result.values()}:
                 durations[label].observe(elapsed_s)
+            if claim.span is not None and self._ctx.tracing is not None:
+                self._ctx.tracing.published(claim.span, elapsed_s, rows, envelopes, result)
             return result
 
     # --- settle --------------------------------------------------------------------------
@@ -399,10 +413,13 @@ class RelayWorker:
             ),
             storm_rows=storm_rows,
         )
+        timer = time.perf_counter()
         try:
             await asyncio.shield(self._write(claim, groups))
         finally:
             self.in_flight = 0
+        if claim.span is not None and self._ctx.tracing is not None:
+            self._ctx.tracing.settled(claim.span, time.perf_counter() - timer, groups)
 
     async def _write(self, claim: Claim, groups: SettleGroups) -> None:
         store, owner = self._ctx.store, claim.owner
