@@ -34,6 +34,7 @@ from relayd.models import ClaimedRow, Envelope, Outcome, Published, SinkDown
 from relayd.trace_context import META_TRACEPARENT, valid_traceparent
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
     from opentelemetry.trace import Link, TracerProvider
 
     from relayd.settlement import SettleGroups
@@ -185,25 +186,26 @@ def configured(environ: Mapping[str, str] = os.environ) -> bool:
     return bool(environ.get("OTEL_TRACES_EXPORTER", "").strip())
 
 
-def from_environment(sink: str, environ: Mapping[str, str] = os.environ) -> RelayTracing | None:
+def from_environment(sink: str) -> RelayTracing | None:
     """The relay's tracing as the `OTEL_*` variables configure it, or None: not asked for,
     or not possible (then one warning says why, and the relay runs without spans)."""
-    if not configured(environ):
+    if not configured():
         return None
     try:
-        provider = provider_from_environment(environ)
+        provider = provider_from_environment()
     except TracingUnavailable as exc:
         get_logger("daemon").warning("tracing.unavailable", error=str(exc))
         return None
     return RelayTracing(provider, sink=sink, owned=True)
 
 
-def provider_from_environment(environ: Mapping[str, str] = os.environ) -> TracerProvider:
+def provider_from_environment() -> SdkTracerProvider:
     """An SDK `TracerProvider` from the standard variables: the sampler from
     `OTEL_TRACES_SAMPLER`(`_ARG`), the resource from `OTEL_SERVICE_NAME` and
     `OTEL_RESOURCE_ATTRIBUTES` (service name `relayd` by default), a batch span processor
     (`OTEL_BSP_*`) for each exporter named in `OTEL_TRACES_EXPORTER`; `TracingUnavailable`
-    when the SDK or a named exporter is not installed."""
+    when the SDK or a named exporter is not installed. (The SDK reads the process's
+    environment itself: so does this.)"""
     try:
         from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
         from opentelemetry.sdk.trace import TracerProvider as SdkProvider  # noqa: PLC0415
@@ -213,7 +215,7 @@ def provider_from_environment(environ: Mapping[str, str] = os.environ) -> Tracer
             "OTEL_TRACES_EXPORTER is set but the OpenTelemetry SDK is not installed "
             "(install relayd[otel])"
         ) from None
-    exporters = [_exporter(name.strip(), environ) for name in _exporter_names(environ)]
+    exporters = [_exporter(name) for name in _exporter_names()]
     resource = Resource.create()
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": "relayd"}))
@@ -223,17 +225,17 @@ def provider_from_environment(environ: Mapping[str, str] = os.environ) -> Tracer
     return provider
 
 
-def _exporter_names(environ: Mapping[str, str]) -> list[str]:
-    names = [name.strip() for name in environ.get("OTEL_TRACES_EXPORTER", "").split(",")]
+def _exporter_names() -> list[str]:
+    names = [name.strip() for name in os.environ.get("OTEL_TRACES_EXPORTER", "").split(",")]
     return [name for name in names if name and name != "none"]
 
 
-def _exporter(name: str, environ: Mapping[str, str]) -> Any:
+def _exporter(name: str) -> Any:
     """A new span exporter of the entry point `name` (`otlp`: by the OTLP protocol)."""
     if name == "otlp":
         protocol = (
-            environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-            or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
             or "http/protobuf"
         ).strip()
         if protocol not in _OTLP_BY_PROTOCOL:
