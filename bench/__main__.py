@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from bench import backlog, drain, horizon, lag, memory, replicas
+from bench import backlog, drain, horizon, lag, memory, replicas, tracing
 from bench.harness import Bench, open_bench
 from bench.measure import BenchError, Result
 
@@ -29,6 +29,7 @@ SCENARIOS: dict[str, Callable[[Bench], Awaitable[Result]]] = {
     horizon.NAME: horizon.run,
     memory.NAME: memory.run,
     replicas.NAME: replicas.run,
+    tracing.NAME: tracing.run,
 }
 
 

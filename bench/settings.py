@@ -25,6 +25,16 @@ RELAYD: MappingProxyType[str, MappingProxyType[str, str]] = MappingProxyType(
         "horizon": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),
         "memory": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),
         "replicas": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),
+        # tracing: batch mode without, then with, the relay's spans, through the standard OTEL_*
+        # variables (the SDK, the always-on sampler, no exporter: recorded, never exported).
+        "tracing.off": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),
+        "tracing.on": MappingProxyType(
+            {
+                "RELAYD_SINK__BATCH": "on",
+                "OTEL_TRACES_EXPORTER": "none",
+                "OTEL_TRACES_SAMPLER": "always_on",
+            }
+        ),
     }
 )
 
