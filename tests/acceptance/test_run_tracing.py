@@ -21,7 +21,8 @@ from tests.trace_cases import SPAN_ID, TRACE_ID, TRACEPARENT, TRACESTATE
 def _json_documents(text: str) -> list[dict[str, Any]]:
     """The console exporter's output: one indented JSON object per span."""
     decoder = json.JSONDecoder()
-    documents, index = [], 0
+    documents: list[dict[str, Any]] = []
+    index = 0
     while True:
         while index < len(text) and text[index].isspace():
             index += 1
