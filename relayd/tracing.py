@@ -83,7 +83,9 @@ class RelayTracing:
         self._tracer = provider.get_tracer("relayd", __version__)
         self._sink = sink
         self._in_context = trace.set_span_in_context
-        self._link, self._span_context, self._flags = Link, SpanContext, TraceFlags
+        self._link, self._span_context = Link, SpanContext
+        # Each row's flags as the SDK's value, looked up rather than built: links are per row.
+        self._flags = {f"{flags:02x}": TraceFlags(flags) for flags in range(256)}
         self._internal, self._producer = SpanKind.INTERNAL, SpanKind.PRODUCER
         self._error = StatusCode.ERROR
 
@@ -169,10 +171,10 @@ class RelayTracing:
             if traceparent is None:
                 continue
             context = self._span_context(
-                trace_id=int(traceparent[3:35], 16),
-                span_id=int(traceparent[36:52], 16),
-                is_remote=True,
-                trace_flags=self._flags(int(traceparent[53:55], 16)),
+                int(traceparent[3:35], 16),
+                int(traceparent[36:52], 16),
+                True,  # is_remote
+                self._flags[traceparent[53:55]],
             )
             links.append(self._link(context))
         return links
