@@ -88,9 +88,47 @@ class RelayTracing:
         self._flags = {f"{flags:02x}": TraceFlags(flags) for flags in range(256)}
         self._internal, self._producer = SpanKind.INTERNAL, SpanKind.PRODUCER
         self._error = StatusCode.ERROR
+        self._failing = False
 
-    def claimed(self, elapsed_s: float, limit: int, rows: int, worker: str) -> ClaimSpan:
-        """The span of a claim statement that leased `rows` rows and took `elapsed_s`."""
+    # Each step's span is recorded under a guard: a failure of tracing (an SDK's, an
+    # exporter's, a processor's) is logged once and costs the relay that span, never a row.
+
+    def claimed(self, elapsed_s: float, limit: int, rows: int, worker: str) -> ClaimSpan | None:
+        """The span of a claim statement that leased `rows` rows and took `elapsed_s`; None
+        if it could not be recorded (the claim's other spans are then not either)."""
+        try:
+            return self._claim_span(elapsed_s, limit, rows, worker)
+        except Exception as exc:
+            self._failed(exc)
+            return None
+
+    def published(
+        self,
+        claim: ClaimSpan,
+        elapsed_s: float,
+        rows: Sequence[ClaimedRow],
+        envelopes: Mapping[str, Envelope],
+        outcomes: Mapping[str, Outcome],
+    ) -> None:
+        """The span of one request to the sink, linked to each row's producer context."""
+        try:
+            self._publish_span(claim, elapsed_s, rows, envelopes, outcomes)
+        except Exception as exc:
+            self._failed(exc)
+
+    def settled(self, claim: ClaimSpan, elapsed_s: float, groups: SettleGroups) -> None:
+        """The span of the fenced updates that recorded a claim's outcomes."""
+        try:
+            self._settle_span(claim, elapsed_s, groups)
+        except Exception as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        if not self._failing:  # once: a broken tracer would fail on every claim
+            self._failing = True
+            get_logger("relay").warning("tracing.failed", error=f"{type(exc).__name__}: {exc}")
+
+    def _claim_span(self, elapsed_s: float, limit: int, rows: int, worker: str) -> ClaimSpan:
         end_ns = time.time_ns()
         span = self._tracer.start_span(
             SPAN_CLAIM,
@@ -102,7 +140,7 @@ class RelayTracing:
         sampled = span.get_span_context().trace_flags.sampled
         return ClaimSpan(self._in_context(span), sampled)
 
-    def published(
+    def _publish_span(
         self,
         claim: ClaimSpan,
         elapsed_s: float,
@@ -110,7 +148,6 @@ class RelayTracing:
         envelopes: Mapping[str, Envelope],
         outcomes: Mapping[str, Outcome],
     ) -> None:
-        """The span of one request to the sink, linked to each row's producer context."""
         end_ns = time.time_ns()
         links = self._links(rows, envelopes) if claim.sampled else None
         published = sum(isinstance(outcome, Published) for outcome in outcomes.values())
@@ -134,8 +171,7 @@ class RelayTracing:
             span.set_status(self._error, "the sink failed")
         span.end(end_time=end_ns)
 
-    def settled(self, claim: ClaimSpan, elapsed_s: float, groups: SettleGroups) -> None:
-        """The span of the fenced updates that recorded a claim's outcomes."""
+    def _settle_span(self, claim: ClaimSpan, elapsed_s: float, groups: SettleGroups) -> None:
         end_ns = time.time_ns()
         span = self._tracer.start_span(
             SPAN_SETTLE,

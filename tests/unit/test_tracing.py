@@ -28,6 +28,7 @@ from relayd.tracing import (
     SPAN_CLAIM,
     SPAN_PUBLISH,
     SPAN_SETTLE,
+    ClaimSpan,
     RelayTracing,
     configured,
     from_environment,
@@ -59,6 +60,12 @@ def _rows(metas: Sequence[dict[str, object]]) -> tuple[list[ClaimedRow], dict[st
     return rows, envelopes
 
 
+def _claim(tracing: RelayTracing, rows: int = 1) -> ClaimSpan:
+    claim = tracing.claimed(0.002, 100, rows, "w0")
+    assert claim is not None
+    return claim
+
+
 def _by_name(spans: Sequence[ReadableSpan]) -> dict[str, list[ReadableSpan]]:
     named: dict[str, list[ReadableSpan]] = {}
     for span in spans:
@@ -73,7 +80,7 @@ def test_publish_links_each_rows_producer_context(exporter: InMemorySpanExporter
     metas = [{"traceparent": TRACEPARENT}, *(case.meta for case in BAD_TRACES)]
     rows, envelopes = _rows(metas)
     outcomes: dict[str, Outcome] = {row.event_id: Published("stored") for row in rows}
-    claim = tracing.claimed(0.002, 100, len(rows), "w0")
+    claim = _claim(tracing, rows=len(rows))
     tracing.published(claim, 0.01, rows, envelopes, outcomes)
     backoff = Backoff(base_s=0.1, cap_s=1.0, rng=random.Random(1))
     groups = sort_outcomes(rows, outcomes, max_attempts=5, backoff=backoff, sink_wide=False)
@@ -106,7 +113,7 @@ def test_a_failed_request_is_an_error_span(exporter: InMemorySpanExporter) -> No
     """A publish span whose request the sink failed has an error status."""
     tracing = _tracing(exporter)
     rows, envelopes = _rows([{}])
-    claim = tracing.claimed(0.001, 1, 1, "w0")
+    claim = _claim(tracing)
     tracing.published(claim, 0.001, rows, envelopes, {rows[0].event_id: SinkDown("refused")})
     [publish] = _by_name(exporter.get_finished_spans())[SPAN_PUBLISH]
     assert publish.status.status_code is StatusCode.ERROR
@@ -114,11 +121,33 @@ def test_a_failed_request_is_an_error_span(exporter: InMemorySpanExporter) -> No
     assert publish.attributes["messaging.message.id"] == rows[0].event_id
 
 
+class _BrokenTracer:
+    def start_span(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("the tracer is broken")
+
+
+class _BrokenProvider(TracerProvider):
+    def get_tracer(self, *args: object, **kwargs: object) -> _BrokenTracer:  # type: ignore[override]
+        return _BrokenTracer()
+
+
+def test_a_failing_tracer_costs_spans_never_a_row() -> None:
+    """A tracer that raises: no span, one warning, and nothing raised into the relay."""
+    tracing = RelayTracing(_BrokenProvider(), sink="ojs")
+    rows, envelopes = _rows([{"traceparent": TRACEPARENT}])
+    with structlog.testing.capture_logs() as logs:
+        assert tracing.claimed(0.001, 1, 1, "w0") is None
+        claim = _claim(_tracing(InMemorySpanExporter()))
+        tracing.published(claim, 0.001, rows, envelopes, {rows[0].event_id: Published("x")})
+    assert [log["event"] for log in logs] == ["tracing.failed"]
+    assert logs[0]["error"] == "RuntimeError: the tracer is broken"
+
+
 def test_an_unsampled_claim_records_nothing(exporter: InMemorySpanExporter) -> None:
     """With the claim span not sampled, its publish span is not either, and builds no links."""
     tracing = _tracing(exporter, ALWAYS_OFF)
     rows, envelopes = _rows([{"traceparent": TRACEPARENT}])
-    claim = tracing.claimed(0.001, 1, 1, "w0")
+    claim = _claim(tracing)
     assert not claim.sampled
     tracing.published(claim, 0.001, rows, envelopes, {rows[0].event_id: Published("stored")})
     assert exporter.get_finished_spans() == ()
