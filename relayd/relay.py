@@ -321,6 +321,7 @@ class RelayWorker:
             self._resending([row for row in sendable if row.claimed_before])
         # Every attempt runs to its end before anything is decided: none is left running
         # unsupervised, and none is cut mid-request by a sibling's failure.
+        timer = time.perf_counter()
         results = await asyncio.gather(
             *(self._attempt(claim, rows, envelopes) for rows in requests),
             return_exceptions=True,
@@ -329,6 +330,10 @@ class RelayWorker:
             if isinstance(result, BaseException):
                 raise result
             outcomes.update(result)
+        tracing = self._ctx.tracing
+        if claim.span is not None and tracing is not None and requests:
+            elapsed_s = time.perf_counter() - timer
+            tracing.published(claim.span, elapsed_s, requests, envelopes, outcomes)
         return outcomes, keys
 
     def _resending(self, rows: Sequence[ClaimedRow]) -> None:
@@ -392,8 +397,6 @@ class RelayWorker:
             # One observation per attempt and outcome: a batch's rows share its duration.
             for label in {_label(outcome) for outcome in result.values()}:
                 durations[label].observe(elapsed_s)
-            if claim.span is not None and self._ctx.tracing is not None:
-                self._ctx.tracing.published(claim.span, elapsed_s, rows, envelopes, result)
             return result
 
     # --- settle --------------------------------------------------------------------------

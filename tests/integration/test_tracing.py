@@ -85,6 +85,13 @@ def traceparent_of(span: ReadableSpan) -> str:
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
 
 
+def _attribute(span: ReadableSpan, name: str) -> int:
+    assert span.attributes is not None
+    value = span.attributes[name]
+    assert isinstance(value, int)
+    return value
+
+
 def ids_of(span: ReadableSpan) -> tuple[int, int]:
     assert span.context is not None
     return span.context.trace_id, span.context.span_id
@@ -111,7 +118,9 @@ async def test_the_producers_trace_reaches_the_ojs_job_and_its_request(
     assert traces.linked() == {ids_of(span) for _, span in produced}
     claims = {span.context.span_id for span in traces.named(SPAN_CLAIM) if span.context}
     children = traces.named(SPAN_PUBLISH) + traces.named(SPAN_SETTLE)
-    assert len(traces.named(SPAN_PUBLISH)) == 3
+    publishes = traces.named(SPAN_PUBLISH)
+    assert len(publishes) == len(claims)  # one per claim, however many requests
+    assert sum(_attribute(span, "relayd.requests") for span in publishes) == 3
     assert all(span.parent is not None and span.parent.span_id in claims for span in children)
 
 
@@ -136,6 +145,7 @@ async def test_a_batch_request_links_every_row_and_keeps_each_jobs_meta(
         assert entry.post_traceparents == (None,)
     publishes = traces.named(SPAN_PUBLISH)
     assert len(publishes) < len(produced)
+    assert sum(_attribute(span, "messaging.batch.message_count") for span in publishes) == 20
     assert traces.linked() == {ids_of(span) for _, span in produced}
 
 

@@ -81,7 +81,7 @@ def test_publish_links_each_rows_producer_context(exporter: InMemorySpanExporter
     rows, envelopes = _rows(metas)
     outcomes: dict[str, Outcome] = {row.event_id: Published("stored") for row in rows}
     claim = _claim(tracing, rows=len(rows))
-    tracing.published(claim, 0.01, rows, envelopes, outcomes)
+    tracing.published(claim, 0.01, [rows[:10], rows[10:]], envelopes, outcomes)
     backoff = Backoff(base_s=0.1, cap_s=1.0, rng=random.Random(1))
     groups = sort_outcomes(rows, outcomes, max_attempts=5, backoff=backoff, sink_wide=False)
     tracing.settled(claim, 0.003, groups)
@@ -102,6 +102,7 @@ def test_publish_links_each_rows_producer_context(exporter: InMemorySpanExporter
     assert publish.attributes is not None
     assert publish.attributes["messaging.batch.message_count"] == len(rows)
     assert publish.attributes["relayd.rows.published"] == len(rows)
+    assert publish.attributes["relayd.requests"] == 2
     assert publish.end_time is not None
     assert publish.start_time is not None
     assert publish.end_time - publish.start_time == pytest.approx(10_000_000, abs=2)
@@ -114,7 +115,7 @@ def test_a_failed_request_is_an_error_span(exporter: InMemorySpanExporter) -> No
     tracing = _tracing(exporter)
     rows, envelopes = _rows([{}])
     claim = _claim(tracing)
-    tracing.published(claim, 0.001, rows, envelopes, {rows[0].event_id: SinkDown("refused")})
+    tracing.published(claim, 0.001, [rows], envelopes, {rows[0].event_id: SinkDown("refused")})
     [publish] = _by_name(exporter.get_finished_spans())[SPAN_PUBLISH]
     assert publish.status.status_code is StatusCode.ERROR
     assert publish.attributes is not None
@@ -138,7 +139,7 @@ def test_a_failing_tracer_costs_spans_never_a_row() -> None:
     with structlog.testing.capture_logs() as logs:
         assert tracing.claimed(0.001, 1, 1, "w0") is None
         claim = _claim(_tracing(InMemorySpanExporter()))
-        tracing.published(claim, 0.001, rows, envelopes, {rows[0].event_id: Published("x")})
+        tracing.published(claim, 0.001, [rows], envelopes, {rows[0].event_id: Published("x")})
     assert [log["event"] for log in logs] == ["tracing.failed"]
     assert logs[0]["error"] == "RuntimeError: the tracer is broken"
 
@@ -149,7 +150,7 @@ def test_an_unsampled_claim_records_nothing(exporter: InMemorySpanExporter) -> N
     rows, envelopes = _rows([{"traceparent": TRACEPARENT}])
     claim = _claim(tracing)
     assert not claim.sampled
-    tracing.published(claim, 0.001, rows, envelopes, {rows[0].event_id: Published("stored")})
+    tracing.published(claim, 0.001, [rows], envelopes, {rows[0].event_id: Published("stored")})
     assert exporter.get_finished_spans() == ()
 
 
