@@ -6,7 +6,7 @@ Three spans per claim whatever the sink or mode: a span per row or per request w
 the SDK's ~44 µs of CPU for each row a sink sends alone.
 
 The publish span *links* to the producer context stored in each of its rows' meta
-(`meta.traceparent`), rather than being a child of it: a request carries rows of many
+(`meta.traceparent`), rather than being a child of it: a claim carries rows of many
 producers' traces and a span has one parent; the relay's work happens later (after a
 backlog, a retry, an outage) under its own sampling decision; and the sink's side of the
 trace is continued by the context the row itself carries, which every sink sends on
