@@ -12,6 +12,7 @@ import random
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
+from importlib import metadata
 
 import pytest
 import structlog
@@ -30,6 +31,7 @@ from relayd.tracing import (
     SPAN_SETTLE,
     ClaimSpan,
     RelayTracing,
+    TracingUnavailable,
     configured,
     from_environment,
     provider_from_environment,
@@ -210,6 +212,32 @@ def test_an_exporter_that_is_not_installed_warns_and_runs_without_spans(
     [warning] = [log for log in logs if log["event"] == "tracing.unavailable"]
     assert "'no_such_exporter'" in warning["error"]
     assert "\n" not in warning["error"]
+
+
+@pytest.mark.parametrize(
+    ("protocol", "said"),
+    [
+        (None, "no span exporter 'otlp_proto_http' is installed"),
+        ("http/protobuf", "no span exporter 'otlp_proto_http' is installed"),
+        ("grpc", "no span exporter 'otlp_proto_grpc' is installed"),
+        ("http/json", "unknown OTLP protocol 'http/json'"),
+    ],
+)
+def test_otlp_follows_the_protocol_variable(
+    monkeypatch: pytest.MonkeyPatch, protocol: str | None, said: str
+) -> None:
+    """`otlp` means OTLP over http/protobuf unless OTEL_EXPORTER_OTLP_PROTOCOL says grpc."""
+    _clean_otel_environment(monkeypatch)
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    if protocol is not None:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+    known = {entry.name for entry in metadata.entry_points(group="opentelemetry_traces_exporter")}
+    if "otlp_proto_http" in known and protocol in (None, "http/protobuf"):
+        provider_from_environment().shutdown()  # the extra's exporter, where installed
+        return
+    with pytest.raises(TracingUnavailable) as raised:
+        provider_from_environment()
+    assert said in str(raised.value)
 
 
 _NOTHING_IMPORTED = """
