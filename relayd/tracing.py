@@ -204,14 +204,17 @@ class RelayTracing:
                 await asyncio.to_thread(shutdown)
 
     def _links(self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope]) -> list[Link]:
-        """A link to each row's stored producer context; rows without a valid one have
-        none. (The SDK keeps the first OTEL_SPAN_LINK_COUNT_LIMIT, 128 by default.)"""
+        """A link to each distinct stored producer context of the rows (the events one
+        producer span appended share one); rows without a valid one have none. (The SDK
+        keeps the first OTEL_SPAN_LINK_COUNT_LIMIT, 128 by default.)"""
         links: list[Link] = []
+        seen: set[str] = set()
         for row in rows:
             meta = envelopes[row.event_id].meta
             traceparent = valid_traceparent(meta.get(META_TRACEPARENT)) if meta else None
-            if traceparent is None:
+            if traceparent is None or traceparent in seen:
                 continue
+            seen.add(traceparent)
             context = self._span_context(
                 int(traceparent[3:35], 16),
                 int(traceparent[36:52], 16),

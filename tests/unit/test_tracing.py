@@ -76,10 +76,15 @@ def _by_name(spans: Sequence[ReadableSpan]) -> dict[str, list[ReadableSpan]]:
 
 
 def test_publish_links_each_rows_producer_context(exporter: InMemorySpanExporter) -> None:
-    """One publish span for the request, a link per row with a valid context, none for the
-    others; claim -> publish and settle, timed from the measured durations."""
+    """One publish span for the claim's requests, a link per distinct valid context, none
+    for rows without one; claim -> publish and settle, timed from the measured durations."""
     tracing = _tracing(exporter)
-    metas = [{"traceparent": TRACEPARENT}, *(case.meta for case in BAD_TRACES)]
+    others = [f"00-{n:032x}-{n:016x}-01" for n in range(1, 4)]
+    metas = [
+        {"traceparent": TRACEPARENT},
+        *({"traceparent": other} for other in others),
+        *(case.meta for case in BAD_TRACES),
+    ]
     rows, envelopes = _rows(metas)
     outcomes: dict[str, Outcome] = {row.event_id: Published("stored") for row in rows}
     claim = _claim(tracing, rows=len(rows))
@@ -94,10 +99,11 @@ def test_publish_links_each_rows_producer_context(exporter: InMemorySpanExporter
     assert settle.parent is not None
     assert publish.parent.span_id == settle.parent.span_id == claim_span.context.span_id
     assert publish.kind is SpanKind.PRODUCER
-    valid = sum(case.carried != {} for case in BAD_TRACES) + 1
+    # One link for the many rows that carry the same valid context, none for bad ones.
     assert [(link.context.trace_id, link.context.span_id) for link in publish.links] == [
-        (int(TRACE_ID, 16), int(SPAN_ID, 16))
-    ] * valid
+        (int(TRACE_ID, 16), int(SPAN_ID, 16)),
+        *((n, n) for n in range(1, 4)),
+    ]
     assert all(
         link.context.is_remote and link.context.trace_flags.sampled for link in publish.links
     )
