@@ -23,9 +23,10 @@ META_TRACESTATE = "tracestate"
 # case, 55 characters; version ff and all-zero ids are invalid. relayd takes no longer form
 # (a future version's suffix): it hands the value on unchanged or not at all.
 TRACEPARENT_CHARS = 55
-_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
-_ZERO_TRACE_ID = "0" * 32
-_ZERO_SPAN_ID = "0" * 16
+# One match checks it all: version (not ff), trace id and span id (not all zero), flags.
+TRACEPARENT_FORM = re.compile(
+    r"(?!ff)[0-9a-f]{2}-(?!0{32})([0-9a-f]{32})-(?!0{16})([0-9a-f]{16})-([0-9a-f]{2})"
+)
 # A tracestate is at most 32 `key=value` members; 512 characters is what the standard asks
 # every vendor to pass on whole, and all relayd passes on.
 MAX_TRACESTATE_CHARS = 512
@@ -58,10 +59,7 @@ def valid_traceparent(value: object) -> str | None:
     if (
         type(value) is not str
         or len(value) != TRACEPARENT_CHARS
-        or _TRACEPARENT.fullmatch(value) is None
-        or value.startswith("ff")
-        or value[3:35] == _ZERO_TRACE_ID
-        or value[36:52] == _ZERO_SPAN_ID
+        or TRACEPARENT_FORM.fullmatch(value) is None
     ):
         return None
     return value
