@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from bench import backlog, drain, horizon, lag, memory, nats, replicas, webhook
+from bench import backlog, drain, horizon, lag, memory, nats, replicas, tracing, webhook
 from bench.harness import Bench, open_bench
 from bench.measure import BenchError, Result
 
@@ -31,6 +31,7 @@ SCENARIOS: dict[str, Callable[[Bench], Awaitable[Result]]] = {
     replicas.NAME: replicas.run,
     nats.NAME: nats.run,
     webhook.NAME: webhook.run,
+    tracing.NAME: tracing.run,
 }
 
 

@@ -29,6 +29,16 @@ RELAYD: MappingProxyType[str, MappingProxyType[str, str]] = MappingProxyType(
         # and the routes, as RELAYD_SINK__* variables).
         "nats": MappingProxyType({}),
         "webhook": MappingProxyType({"RELAYD_SINK__KIND": "webhook"}),  # bench/webhook.py
+        # tracing: batch mode without, then with, the relay's spans, through the standard OTEL_*
+        # variables (the SDK, the always-on sampler, no exporter: recorded, never exported).
+        "tracing.off": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),
+        "tracing.on": MappingProxyType(
+            {
+                "RELAYD_SINK__BATCH": "on",
+                "OTEL_TRACES_EXPORTER": "none",
+                "OTEL_TRACES_SAMPLER": "always_on",
+            }
+        ),
     }
 )
 

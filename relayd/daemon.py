@@ -40,6 +40,7 @@ from relayd.sampler import InstanceInfo, Sampler
 from relayd.store import Store
 from relayd.storm import StormGuard
 from relayd.storm_hold import StormHold
+from relayd.tracing import RelayTracing, from_environment
 from relayd.wakeup import WorkSignal
 from relayd.web import Readiness, make_app, start_web
 
@@ -63,13 +64,17 @@ class Daemon:
         metrics: RelayMetrics | None = None,
         rng: random.Random | None = None,
         until_idle: bool = False,
+        tracing: RelayTracing | None = None,
     ) -> None:
         """`until_idle`: drain and return once nothing is pending (every row published or
-        dead-lettered), instead of waiting for a signal; tests and one-shot runs use it."""
+        dead-lettered), instead of waiting for a signal; tests and one-shot runs use it.
+        `tracing`: the relay's spans on a provider of the caller's; without it, as the
+        standard OTEL_* variables configure them (relayd/tracing.py), if at all."""
         self.settings = settings
         self._until_idle = until_idle
         self.metrics = RelayMetrics() if metrics is None else metrics
         self._rng = random.Random() if rng is None else rng  # noqa: S311 - jitter, not crypto
+        self._tracing = tracing
         self.stopping = asyncio.Event()
         self.ready = asyncio.Event()
         self.workers: list[RelayWorker] = []
@@ -135,6 +140,10 @@ class Daemon:
                 return EXIT_OK
             stack.push_async_callback(store.close)
             await require_current(store)
+            if self._tracing is None:
+                self._tracing = from_environment(self.settings.sink.kind)
+                if self._tracing is not None:
+                    stack.push_async_callback(self._tracing.close)  # flush after the drain
             ctx = self.make_context(store)
             self._store = store
             await ctx.sink.start()
@@ -177,6 +186,7 @@ class Daemon:
             workers=settings.relay.workers,
             listen=settings.listens,
             http=settings.http.listen if settings.http.enabled else None,
+            tracing=ctx.tracing is not None,
         )
         self.ready.set()
         code = EXIT_OK
@@ -337,6 +347,7 @@ class Daemon:
             storm=self._storm,
             slots=asyncio.Semaphore(self.settings.sink.concurrency),
             on_idle=self.stop if self._until_idle else None,
+            tracing=self._tracing,
         )
 
     async def _readiness(self) -> Readiness:

@@ -60,6 +60,7 @@ from relayd.sinks import Sink
 from relayd.store import Store
 from relayd.storm import Key
 from relayd.storm_hold import StormHold
+from relayd.tracing import ClaimSpan, RelayTracing
 from relayd.wakeup import WorkSignal
 from relayd.watermark import Watermark
 
@@ -118,6 +119,8 @@ class RelayContext:
     # even in backoff or leased; paused rows do not count): the run-until-idle mode stops
     # the daemon there.
     on_idle: Callable[[], None] | None = None
+    # Spans for claim, publish and settle (relayd/tracing.py); None: none, at no cost.
+    tracing: RelayTracing | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,7 @@ class Claim:
     start_by: float  # no attempt starts, no POST is sent, after this
     lease_ends: float  # the lease has certainly expired by then: settling is pointless
     answered_at: float  # when the claim's answer arrived (for the commit-to-publish lag)
+    span: ClaimSpan | None = None  # the claim's span, parent of its publish and settle spans
 
 
 class RelayWorker:
@@ -229,8 +233,15 @@ class RelayWorker:
         self._watermark.advance(batch)
         rows = batch.rows
         answered_at = loop.time()
+        elapsed_s = time.perf_counter() - timer
         self._ctx.metrics.claims.inc()
-        self._ctx.metrics.claim_duration.observe(time.perf_counter() - timer)
+        self._ctx.metrics.claim_duration.observe(elapsed_s)
+        tracing = self._ctx.tracing
+        span = (
+            None
+            if tracing is None or not rows
+            else tracing.claimed(elapsed_s, limit, len(rows), self.name)
+        )
         if rows:
             self._ctx.metrics.claimed_rows.inc(len(rows))
             self.in_flight = len(rows)
@@ -245,6 +256,7 @@ class RelayWorker:
             start_by=lease_ends - 2 * self._settings.attempt_timeout_s,
             lease_ends=lease_ends,
             answered_at=answered_at,
+            span=span,
         )
 
     async def wait_for_work(self) -> None:
@@ -310,6 +322,7 @@ class RelayWorker:
             self._resending([row for row in sendable if row.claimed_before])
         # Every attempt runs to its end before anything is decided: none is left running
         # unsupervised, and none is cut mid-request by a sibling's failure.
+        timer = time.perf_counter()
         results = await asyncio.gather(
             *(self._attempt(claim, rows, envelopes) for rows in requests),
             return_exceptions=True,
@@ -318,6 +331,10 @@ class RelayWorker:
             if isinstance(result, BaseException):
                 raise result
             outcomes.update(result)
+        tracing = self._ctx.tracing
+        if claim.span is not None and tracing is not None and requests:
+            elapsed_s = time.perf_counter() - timer
+            tracing.published(claim.span, elapsed_s, requests, envelopes, outcomes)
         return outcomes, keys
 
     def _resending(self, rows: Sequence[ClaimedRow]) -> None:
@@ -397,10 +414,13 @@ class RelayWorker:
             ),
             storm_rows=storm_rows,
         )
+        timer = time.perf_counter()
         try:
             await asyncio.shield(self._write(claim, groups))
         finally:
             self.in_flight = 0
+        if claim.span is not None and self._ctx.tracing is not None:
+            self._ctx.tracing.settled(claim.span, time.perf_counter() - timer, groups)
 
     async def _write(self, claim: Claim, groups: SettleGroups) -> None:
         store, owner = self._ctx.store, claim.owner

@@ -30,6 +30,7 @@ from relayd.models import ClaimedRow, OutboxTable
 from relayd.producer import enqueue_many, new_job, uuid7
 from relayd.sinks.ojs_settings import OjsSettings
 from relayd.testing.emulator import RunningEmulator
+from relayd.tracing import RelayTracing
 
 # --- the test database ------------------------------------------------------------------
 
@@ -130,10 +131,18 @@ async def running(settings: Settings, *, seed: int = 1) -> AsyncIterator[Daemon]
         assert code == 0, f"daemon exit code {code}"
 
 
-async def run_until_idle(settings: Settings, *, seed: int = 1, timeout_s: float = 60.0) -> Daemon:
+async def run_until_idle(
+    settings: Settings,
+    *,
+    seed: int = 1,
+    timeout_s: float = 60.0,
+    tracing: RelayTracing | None = None,
+) -> Daemon:
     """Run a relay daemon until nothing is pending (every row published or dead-lettered),
-    then return it (for its metrics) once it drained and exited 0."""
-    daemon = Daemon(settings, metrics=RelayMetrics(), rng=random.Random(seed), until_idle=True)
+    then return it (for its metrics) once it drained and exited 0; `tracing`: its spans."""
+    daemon = Daemon(
+        settings, metrics=RelayMetrics(), rng=random.Random(seed), until_idle=True, tracing=tracing
+    )
     async with asyncio.timeout(timeout_s):
         code = await daemon.run()
     assert code == 0, f"daemon exit code {code}"

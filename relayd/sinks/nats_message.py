@@ -1,7 +1,8 @@
 """What the NATS sink sends for one outbox row, decided without I/O: the subject its route
 names, the body (the event's data as JSON, the same bytes on every attempt) and the headers
-(the id JetStream deduplicates on, the CloudEvents attributes in binary mode); or why the row
-cannot be sent (docs/nats.md#the-message).
+(the id JetStream deduplicates on, the CloudEvents attributes in binary mode, the producer's
+`traceparent` and `tracestate` when the row carries valid ones); or why the row cannot be
+sent (docs/nats.md#the-message).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import msgspec
 
 from relayd.events import DomainEvent
 from relayd.models import DeadLetter, DeadReason, Envelope, InvalidEnvelope
+from relayd.trace_context import carried
 
 # JetStream's headers (ADR-4 and the JetStream publish API).
 MSG_ID = "Nats-Msg-Id"
@@ -101,7 +103,11 @@ def message_for(
             f"({max_body_bytes})",
         )
     concrete = ".".join(event.id if token == ID_TOKEN else token for token in subject.split("."))
-    return NatsMessage(concrete, body, headers_for(event, stream=stream, source=source), subject)
+    headers = headers_for(event, stream=stream, source=source)
+    # The producer's trace context as stored (valid values only: nothing can break the
+    # header block), so the message is the same bytes on every attempt.
+    headers.update(carried(envelope.meta))
+    return NatsMessage(concrete, body, headers, subject)
 
 
 def headers_for(event: DomainEvent, *, stream: str, source: str) -> dict[str, str]:

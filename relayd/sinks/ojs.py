@@ -54,6 +54,7 @@ from relayd.sinks.ojs_answers import (
 )
 from relayd.sinks.ojs_settings import OjsSettings
 from relayd.token_file import TokenFile
+from relayd.trace_context import carried
 
 _MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 _MANIFEST_TIMEOUT_S = 5.0
@@ -203,7 +204,7 @@ class OjsSink:
             found = await self.reconcile(row, envelope)
             if not isinstance(found, NotFound):
                 return found
-        posted = await self._post(row, send_by)
+        posted = await self._post(row, envelope, send_by)
         if not isinstance(posted, Reconcile):
             return posted
         found = await self._get(row, envelope, suffix="-reconcile")
@@ -214,11 +215,20 @@ class OjsSink:
             return Published(sink_state="deduplicated", sink_job_id=posted.existing_job_id)
         return RetryLater(f"{posted.error}, yet GET finds no job with this id")
 
-    async def _post(self, row: ClaimedRow, send_by: float) -> Outcome | Reconcile:
+    async def _post(
+        self, row: ClaimedRow, envelope: Envelope, send_by: float
+    ) -> Outcome | Reconcile:
+        """POST the stored job; the request carries the producer's trace context that the
+        row's meta holds (`traceparent`, `tracestate`), as stored, when it is valid. (A batch
+        request carries none: its jobs come from many traces, each in its own meta.)"""
         if _too_late(send_by):
             return NotStarted()
         answer = await self._exchange(
-            "POST", JOBS_PATH, row.job, request_id(row.event_id, row.attempts)
+            "POST",
+            JOBS_PATH,
+            row.job,
+            request_id(row.event_id, row.attempts),
+            carried(envelope.meta),
         )
         return self._noted(
             answer if isinstance(answer, SinkDown) else classify_post(answer, row.event_id),
@@ -341,11 +351,18 @@ class OjsSink:
     # --- transport ---
 
     async def _exchange(
-        self, method: str, path: str, body: bytes | None, rid: str
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        rid: str,
+        trace: Mapping[str, str] | None = None,
     ) -> Response | SinkDown:
         if self._session is None:
             raise RuntimeError("OjsSink.start() was not called")
         headers = {"X-Request-Id": rid}
+        if trace:
+            headers.update(trace)
         token = await self._bearer()
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"

@@ -13,11 +13,13 @@ Ledger JSON (``GET /_emulator/ledger``)::
 
     {"jobs": {"<id>": {"job": {...as GET shows it...} | null, "queue": "<effective queue>",
                        "created": 1, "overwrites": 0, "posts": 2, "post_statuses": [201, 409],
+                       "post_traceparents": ["00-...-01", null],
                        "gets": 1, "deliveries": 0, "purged": false}}}
 
 `created` counts insertions (an overwrite counts), `posts` every POST (single or batch) that
 carried the id whatever its outcome, `post_statuses` the answer to each (null: the connection
-was dropped without one), `deliveries` the worker fetches. Time-driven transitions (scheduled
+was dropped without one), `post_traceparents` each one's `traceparent` request header as
+received (null: none), `deliveries` the worker fetches. Time-driven transitions (scheduled
 and retry promotion, lease expiry, retention purge) happen lazily at the next request, on the
 emulator's clock, which tests can move forward instead of sleeping.
 """

@@ -196,7 +196,7 @@ class Emulator:
             self._check_content_type(request)
         call = self._call(request, request_id, await self._read_body(request))
         job_ids = call.job_ids()
-        posted = self._count_request(call, job_ids)
+        posted = self._count_request(call, job_ids, request.headers.get("traceparent"))
         rule = self._faults.take(method, path, job_ids)
         reply: Reply | None
         if rule is not None and rule.action == "drop":
@@ -328,11 +328,14 @@ class Emulator:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def _count_request(self, call: Call, job_ids: list[str]) -> list[str]:
-        """Count POSTs and GETs per job id; returns the ids whose POST outcome to record."""
+    def _count_request(self, call: Call, job_ids: list[str], traceparent: str | None) -> list[str]:
+        """Count POSTs and GETs per job id, and note each POST's `traceparent` header;
+        returns the ids whose POST outcome to record."""
         if call.method == "POST" and call.path in ("/ojs/v1/jobs", "/ojs/v1/jobs/batch"):
             for job_id in job_ids:
-                self._state.counts(job_id).posts += 1
+                counts = self._state.counts(job_id)
+                counts.posts += 1
+                counts.post_traceparents.append(traceparent)
             return job_ids
         if call.method == "GET" and "id" in call.params:
             self._state.counts(call.params["id"]).gets += 1

@@ -29,6 +29,7 @@ class Counts:
     overwrites: int = 0
     posts: int = 0
     post_statuses: list[int | None] = field(default_factory=list)
+    post_traceparents: list[str | None] = field(default_factory=list)
     gets: int = 0
     deliveries: int = 0
     purged: bool = False
@@ -66,6 +67,7 @@ class LedgerEntry:
     overwrites: int
     posts: int
     post_statuses: tuple[int | None, ...]
+    post_traceparents: tuple[str | None, ...]
     gets: int
     deliveries: int
     purged: bool
@@ -73,6 +75,7 @@ class LedgerEntry:
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["post_statuses"] = list(self.post_statuses)
+        data["post_traceparents"] = list(self.post_traceparents)
         return data
 
 
@@ -129,6 +132,7 @@ class EmulatorState:
                 overwrites=counts.overwrites,
                 posts=counts.posts,
                 post_statuses=tuple(counts.post_statuses),
+                post_traceparents=tuple(counts.post_traceparents),
                 gets=counts.gets,
                 deliveries=counts.deliveries,
                 purged=counts.purged,
