@@ -18,11 +18,9 @@ function of its arguments, tested as tables (tests/unit/test_webhook_answers.py)
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 
@@ -30,22 +28,16 @@ from relayd.events import META_OCCURRED_AT, valid_time
 from relayd.models import DeadLetter, DeadReason, Envelope, Outcome, Published, SinkDown
 from relayd.retry import parse_retry_after
 from relayd.sinks.http_answers import Response, excerpt
-from relayd.trace_context import META_TRACEPARENT
+from relayd.trace_context import carried
 
 CONTENT_TYPE = "application/json"
 HEADER_ID = "webhook-id"
 HEADER_TIMESTAMP = "webhook-timestamp"
 HEADER_SIGNATURE = "webhook-signature"
-HEADER_TRACEPARENT = "traceparent"
 
 # Sorted keys and numbers written as read: one text per value (see nats_message._BODY).
 _BODY = msgspec.json.Encoder(order="sorted", decimal_format="number")
-# W3C Trace Context: version-traceid-parentid-flags, lower-case hex; version ff is invalid,
-# and so are all-zero ids.
-_TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
-_ZERO_TRACE = "0" * 32
 _UUID_CHARS = 36
-_ZERO_PARENT = "0" * 16
 
 # Answers that ask the sender to slow down: the receiver is busy or a gateway in front of
 # it is. They say nothing about the row.
@@ -126,10 +118,8 @@ def delivery_for(
             "and the id is not a UUIDv7 to take the time from",
         )
     body = _BODY.encode({"data": envelope.args[0], "timestamp": timestamp, "type": envelope.type})
-    headers = {HEADER_ID: envelope.id, "Content-Type": CONTENT_TYPE}
-    traceparent = valid_traceparent(envelope.meta.get(META_TRACEPARENT))
-    if traceparent is not None:
-        headers[HEADER_TRACEPARENT] = traceparent
+    # The producer's trace context, each value as stored if valid (never junk in a header).
+    headers = {HEADER_ID: envelope.id, "Content-Type": CONTENT_TYPE} | carried(envelope.meta)
     # A routed type's endpoint serves that type: its 410 pauses the type. The one default
     # endpoint of a configuration without routes serves everything: its 410 pauses all.
     pause = ("*", envelope.type) if routed or routes else ("*", "*")
@@ -151,19 +141,6 @@ def event_time(envelope: Envelope) -> str | None:
     millis = int(event_id[:8] + event_id[9:13], 16)
     seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(millis // 1000))
     return f"{seconds}.{millis % 1000:03d}Z"
-
-
-def valid_traceparent(value: Any) -> str | None:
-    """`value` if it is a W3C traceparent relayd may send as a header, else None: exactly
-    the version-00 shape (any other text, a line break included, never reaches a header)."""
-    if not isinstance(value, str):
-        return None
-    match = _TRACEPARENT.fullmatch(value)
-    if match is None or value.startswith("ff"):
-        return None
-    if match.group(1) == _ZERO_TRACE or match.group(2) == _ZERO_PARENT:
-        return None
-    return value
 
 
 def classify(response: Response) -> Answer:  # noqa: PLR0911 - one return per kind of answer

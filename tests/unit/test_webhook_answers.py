@@ -21,8 +21,8 @@ from relayd.sinks.webhook_answers import (
     delivery_for,
     event_time,
     slow_delay_s,
-    valid_traceparent,
 )
+from relayd.trace_context import valid_traceparent
 
 V7_ID = "0190a8f2-5c5e-7e4a-9d6b-6f1d8c3b2a10"  # 2024-07-12T21:56:14.046Z
 V4_ID = "9b2f6c1e-3d4a-4f5b-8c6d-7e8f9a0b1c2d"
