@@ -654,8 +654,8 @@ redriven AS (
         -- below a claim's watermark (what relayd_available_at() does for a new row; the
         -- operator commands do not require the migration that made it).
         available_at = clock_timestamp(),
-        -- Later than last_attempt_at (taken before the row was dead-lettered), earlier than
-        -- the now() of any claim that sees this commit.
+        -- Later than last_attempt_at (stamped by the claim before the row was dead-lettered);
+        -- a claim that takes the row starts once this has committed, so its now() is later.
         redriven_at = clock_timestamp(),
         lease_owner = NULL,
         discarded_at = NULL,
