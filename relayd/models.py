@@ -233,6 +233,11 @@ class ClaimedRow:
     attempts: int
     previous_attempt_at: datetime | None
     age_s: float  # since created_at, on the database's clock; infinite if created_at is
+    # An operator redrove the row (`relayd dlq retry`) after its last attempt: this attempt
+    # is the re-send the operator decided on. It leaves `claimed_before` as it is (the OJS
+    # sink still reconciles first); a NATS route in window mode sends it even past the
+    # stream's duplicate window (docs/nats.md#deduplication).
+    redriven: bool = False
 
     @property
     def claimed_before(self) -> bool:

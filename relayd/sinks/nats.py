@@ -57,6 +57,7 @@ from relayd.sinks.nats_dedupe import (
     EXPECTED_LAST_SUBJECT_SEQ,
     MarkerFound,
     Mode,
+    PastWindow,
     StreamFacts,
     Taken,
     atomic_batch,
@@ -64,6 +65,7 @@ from relayd.sinks.nats_dedupe import (
     mode_for,
     needs_facts,
     past_window,
+    past_window_action,
     past_window_dead_letter,
 )
 from relayd.sinks.nats_message import NatsMessage, message_for
@@ -351,18 +353,19 @@ class NatsSink:
         return mode
 
     def _past_window(self, row: ClaimedRow, facts: StreamFacts) -> Outcome | None:
-        """An ambiguous row the stream may have forgotten: `sink.past_window` decides."""
+        """An ambiguous row the stream may have forgotten: sent if an operator redrove it
+        since its last attempt, else as `sink.past_window` says."""
         window_s = facts.duplicate_window_s
-        if self._settings.past_window == "dead_letter":
-            self._note("past_window", "dead_letter")
+        action = past_window_action(redriven=row.redriven, setting=self._settings.past_window)
+        self._note("past_window", action.value)
+        if action is PastWindow.DEAD_LETTER:
             return past_window_dead_letter(row.age_s, window_s)
-        self._note("past_window", "resend")
-        self._log.warning(
-            "sink.resending_past_window",
-            event_id=row.event_id,
-            age_s=round(row.age_s, 3),
-            window_s=window_s,
-        )
+        fields = {"event_id": row.event_id, "age_s": round(row.age_s, 3), "window_s": window_s}
+        if action is PastWindow.REDRIVEN:
+            # The operator's decision (`relayd dlq retry`), not the relay's: no warning.
+            self._log.info("sink.resending_redriven", **fields)
+        else:
+            self._log.warning("sink.resending_past_window", **fields)
         return None
 
     async def _request(self, client: Client, message: NatsMessage) -> Msg | Outcome:

@@ -13,7 +13,8 @@ Modes, chosen per route, the first that applies:
   later, and the stream echoes `allow_atomic: true` and takes the marker subjects; a marker
   on `<prefix>.<id>`, expecting sequence 0, and the event travel in one atomic batch: both
   are stored or neither.
-- `window`: the stream's `duplicate_window` alone; past it, `sink.past_window` decides.
+- `window`: the stream's `duplicate_window` alone; past it, `sink.past_window` decides,
+  unless an operator redrove the row since its last attempt.
 
 Features are taken from what the server says, never from the absence of an error: an old
 server ignores the headers and stream settings it does not know, and would store twice.
@@ -159,6 +160,24 @@ def past_window(
     if window_s is None:
         return True
     return age_s + margin_s >= window_s
+
+
+class PastWindow(enum.StrEnum):
+    """What becomes of a row past the window (the `past_window` metric's code)."""
+
+    REDRIVEN = "redriven"  # an operator redrove it since its last attempt: sent
+    RESEND = "resend"  # sink.past_window = "resend": sent, perhaps stored twice
+    DEAD_LETTER = "dead_letter"  # sink.past_window = "dead_letter": for an operator
+
+
+def past_window_action(*, redriven: bool, setting: str) -> PastWindow:
+    """A row past the window is sent when an operator redrove it after its last attempt
+    (`relayd dlq retry`: the operator looked and decided, whatever the setting); otherwise
+    `sink.past_window` decides. The redrive covers the one attempt after it: a retry of that
+    attempt is weighed again, since it may have stored the event itself."""
+    if redriven:
+        return PastWindow.REDRIVEN
+    return PastWindow.DEAD_LETTER if setting == "dead_letter" else PastWindow.RESEND
 
 
 def past_window_dead_letter(age_s: float, window_s: float | None) -> DeadLetter:

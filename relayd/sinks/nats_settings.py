@@ -86,7 +86,8 @@ class NatsSettings(SinkSettings):
     max_payload_bytes: int = Field(default=1024 * 1024, ge=1)
     # An ambiguous row of a route in window mode whose first store may have left the
     # stream's duplicate window: re-sent anyway (a possible duplicate, logged and counted)
-    # or dead-lettered `past_window` for an operator (docs/nats.md#deduplication).
+    # or dead-lettered `past_window` for an operator, whose redrive (`relayd dlq retry`) sends
+    # it once whatever this says (docs/nats.md#deduplication).
     past_window: Literal["resend", "dead_letter"] = "resend"
     # Where atomic-marker mode puts each event's marker: `<marker_prefix>.<event id>`.
     marker_prefix: str = "relayd.markers"

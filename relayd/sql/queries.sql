@@ -8,6 +8,11 @@
 -- the lease lives in available_at, so an abandoned claim is due again when it expires.
 -- previous_attempt_at is the value before this claim: non-null means an earlier attempt may
 -- have reached the sink, so the relay reconciles with a GET before it POSTs again.
+-- redriven says an operator redrove the row (`relayd dlq retry`) after its last attempt:
+-- this attempt is the one the operator asked for (a NATS route in window mode re-sends it
+-- even past the stream's duplicate window). The claim sets last_attempt_at past
+-- redriven_at, so only the first attempt after a redrive sees it; a release, which restores
+-- last_attempt_at, gives it back.
 -- Paused queues and types are skipped, so every replica obeys a pause from its next claim.
 -- The pause checks are uncorrelated subqueries, evaluated once per statement: with nothing
 -- paused the queue and type of a row are never computed, and with everything paused ('*'
@@ -46,7 +51,7 @@ WITH marks AS (
               AND pid <> pg_backend_pid()) AS writers_since
 ),
 due AS (
-    SELECT event_id, last_attempt_at
+    SELECT event_id, last_attempt_at, redriven_at
     FROM @outbox@
     WHERE published_at IS NULL AND dead_at IS NULL
       AND available_at >= coalesce($5::timestamptz, '-infinity') AND available_at <= now()
@@ -80,12 +85,14 @@ claimed AS (
               -- Epoch arithmetic, not timestamp subtraction: an infinite created_at (the
               -- producer's column) gives an infinite age instead of failing the whole claim.
               (extract(epoch FROM clock_timestamp()) - extract(epoch FROM o.created_at))::float8
-                  AS age_s
+                  AS age_s,
+              due.redriven_at IS NOT NULL
+                  AND due.redriven_at > coalesce(due.last_attempt_at, '-infinity') AS redriven
 )
 SELECT claimed.*, NULL::timestamptz AS head, NULL::timestamptz AS writers_since
 FROM claimed
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, marks.head, marks.writers_since
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, marks.head, marks.writers_since
 FROM marks;
 
 -- name: settle_published
@@ -605,6 +612,9 @@ ORDER BY s.dead_at, s.event_id;
 -- that was ever attempted may already be on the sink (its answer may have been lost), and a
 -- non-null last_attempt_at is what makes the next claim reconcile it with a GET before any
 -- POST (C2), so it is created at most once even on a sink that overwrites a reused id.
+-- redriven_at records the operator's decision: the next claim reports the row as redriven
+-- (see claim), so a NATS route in window mode sends it even past the duplicate window
+-- instead of dead-lettering it `past_window` again.
 -- The table's checks exempt dead rows; a row they would refuse as a pending one is refused
 -- here, with the check's name, instead of failing the statement (and its whole batch). The
 -- cases follow the checks of migrations 0001-0003; store/operator.py falls back to one row at
@@ -644,6 +654,9 @@ redriven AS (
         -- below a claim's watermark (what relayd_available_at() does for a new row; the
         -- operator commands do not require the migration that made it).
         available_at = clock_timestamp(),
+        -- Later than last_attempt_at (stamped by the claim before the row was dead-lettered);
+        -- a claim that takes the row starts once this has committed, so its now() is later.
+        redriven_at = clock_timestamp(),
         lease_owner = NULL,
         discarded_at = NULL,
         discard_reason = NULL

@@ -29,11 +29,11 @@ class CycleQueries(StoreBase):
         head = writers_since = None
         # By position, in the statement's column order: a name lookup per field per row
         # costs more than the row's decoding. The one row without an id carries the marks.
-        for event_id, job, attempts, previous_attempt_at, age_s, row_head, row_writers in records:
+        for event_id, job, attempts, previous, age_s, redriven, row_head, row_writers in records:
             if event_id is None:
                 head, writers_since = row_head, row_writers
             else:
-                rows.append(ClaimedRow(event_id, job, attempts, previous_attempt_at, age_s))
+                rows.append(ClaimedRow(event_id, job, attempts, previous, age_s, redriven))
         return ClaimBatch(rows, head, writers_since)
 
     async def settle_published(

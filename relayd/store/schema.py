@@ -24,6 +24,7 @@ RELAY_COLUMNS = frozenset(
         "dead_at",
         "dead_reason",
         "sink_state",
+        "redriven_at",  # 0007: the claim reads it (a redrive's one re-send past the window)
     }
 )
 

@@ -12,6 +12,7 @@ import aiohttp
 import asyncpg
 import pytest
 
+from relayd.models import ClaimedRow
 from relayd.operator.dlq_actions import DlqRequest, Selection, act, walk_end
 from relayd.operator.dlq_filters import FilterArgs, parse_when
 from relayd.operator_models import (
@@ -346,6 +347,42 @@ async def test_a_bulk_action_leaves_rows_dead_lettered_after_it_started(
     assert await conn.fetchval(
         "SELECT dead_at IS NOT NULL FROM relayd.outbox WHERE event_id = $1", later
     )
+
+
+async def test_a_redrive_lasts_until_an_attempt_may_have_sent_the_row(
+    conn: asyncpg.Connection, store: Store
+) -> None:
+    """The claim reports a redriven row as redriven, and still as claimed before (so the OJS
+    sink reconciles it first), until an attempt may have sent it: a claim handed back
+    unstarted (release) keeps the redrive, a settled attempt uses it up. A row attempted
+    before and never redriven is never reported so."""
+    redriven, plain = await produce(conn, 2)
+    await _kill(conn, [redriven])
+    await conn.execute(
+        "UPDATE relayd.outbox SET attempts = 1, last_attempt_at = now() - interval '1 hour' "
+        "WHERE event_id = $1",
+        plain,
+    )
+    now = await store.operator_now()
+    selection = Selection([redriven], DeadLetterFilter(), now)
+    assert (await act(store, DlqRequest(DlqAction.REDRIVE, selection, ACTOR, 500))).changed == 1
+
+    async def claim() -> tuple[uuid.UUID, list[ClaimedRow], dict[str, tuple[bool, bool]]]:
+        """A claim: its owner, its rows, and (redriven, claimed before) by id."""
+        owner = uuid.uuid4()
+        rows = await store.claim(10, owner, 30.0)
+        return owner, rows, {row.event_id: (row.redriven, row.claimed_before) for row in rows}
+
+    owner, rows, seen = await claim()
+    assert seen == {redriven: (True, True), plain: (False, True)}
+    await store.release(owner, [r.event_id for r in rows], [r.previous_attempt_at for r in rows])
+    owner, rows, seen = await claim()
+    assert seen == {redriven: (True, True), plain: (False, True)}
+    await store.settle_retry(
+        owner, [r.event_id for r in rows], [0.0, 0.0], ["timeout", "timeout"], [0, 0]
+    )
+    _, _, seen = await claim()
+    assert seen == {redriven: (False, True), plain: (False, True)}
 
 
 async def test_discard_keeps_rows_and_takes_them_out_of_the_dead_letter_queue(

@@ -10,12 +10,12 @@ import uuid
 import asyncpg
 import pytest
 
-from relayd.errors import MigrationError
+from relayd.errors import MigrationError, SchemaError
 from relayd.migrate import load_migrations, migrate
 from relayd.models import LOWER_UUID, OutboxTable
 from relayd.producer import uuid7
 from relayd.store import Store
-from tests.support import Database, run_relayd
+from tests.support import DEFAULT_TABLE, Database, produce, run_relayd
 
 MINIMAL_DDL = """
 CREATE SCHEMA legacy_app;
@@ -301,3 +301,45 @@ async def test_migrate_dead_letters_pending_non_v7_rows_of_an_adopted_outbox(
         v4_published: (None, True),
         v7: (None, False),
     }
+
+
+async def test_0007_adds_redriven_at_to_an_outbox_in_use_changing_no_row(
+    empty_database: Database,
+) -> None:
+    """An outbox migrated up to 0006 with rows in every state: the relay refuses it until
+    0007 has run (one line naming the column); 0007 adds `redriven_at`, NULL for every row,
+    and leaves the rest of each row as it was; running its SQL again changes nothing."""
+    migrations = load_migrations()
+    [step] = [m for m in migrations if m.name == "redriven_at"]
+    conn = await asyncpg.connect(empty_database.dsn)
+    store = await Store.connect(empty_database.dsn, DEFAULT_TABLE, max_size=2)
+    try:
+        await migrate(store, migrations[: step.version - 1])
+        pending, attempted, dead = await produce(conn, 3)
+        await conn.execute(
+            "UPDATE relayd.outbox SET attempts = 2, last_attempt_at = now() WHERE event_id = $1",
+            attempted,
+        )
+        await conn.execute(
+            "UPDATE relayd.outbox SET dead_at = now(), dead_reason = 'past_window', "
+            "last_attempt_at = now() WHERE event_id = $1",
+            dead,
+        )
+        before = [tuple(r) for r in await conn.fetch(f"SELECT * FROM {DEFAULT_TABLE} ORDER BY 1")]
+        with pytest.raises(SchemaError, match=r"^outbox table relayd.outbox lacks redriven_at: "):
+            await store.check_schema()
+
+        report = await migrate(store, migrations)
+        assert [m.version for m in report.applied] == [step.version]
+        await store.check_schema()
+        query = f"SELECT *, redriven_at IS NULL AS never FROM {DEFAULT_TABLE} ORDER BY 1"
+        after = await conn.fetch(query)
+        assert [tuple(r)[: len(before[0])] for r in after] == before
+        assert [r["never"] for r in after] == [True, True, True]
+        assert {str(r["event_id"]) for r in after} == {pending, attempted, dead}
+
+        await conn.execute(step.sql(DEFAULT_TABLE))  # again, outside the ledger
+        assert await conn.fetch(query) == after
+    finally:
+        await store.close()
+        await conn.close()

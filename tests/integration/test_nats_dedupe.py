@@ -2,7 +2,8 @@
 the dev extra's nats-server (a recent 2.1x, with atomic batches) and, where installed,
 Debian's 2.9 (without them, and ignoring the stream settings it does not know). An event
 whose PubAck was lost is retried after a 1 s `duplicate_window` has passed: each mode either
-stores nothing twice or follows `sink.past_window`, and `relayd check` names the mode."""
+stores nothing twice or follows `sink.past_window`, and `relayd check` names the mode. A
+`past_window` dead letter an operator redrives is sent on its next claim."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ import structlog
 from nats.aio.client import Client
 
 from relayd.operator.check import run_checks
+from relayd.operator.dlq_actions import DlqRequest, Selection, act
+from relayd.operator_models import AuditEntry, DeadLetterFilter, DlqAction
+from relayd.store import Store
 from relayd.testing.nats import SERVER_ENV_VAR, NatsServer
 from tests.integration.test_nats_sink import STREAM, commit, dead, event, nats_settings, stored
 from tests.support import Database, drained, run_until_idle
@@ -203,3 +207,93 @@ async def test_an_old_server_ignores_allow_atomic_and_relayd_does_not_believe_it
     else:
         assert config["allow_atomic"] is True
         assert api["level"] >= 2
+
+
+async def unanswered_long_ago(conn: asyncpg.Connection, event_ids: list[str]) -> None:
+    """The rows as an attempt leaves them when its publish got no answer (and, as the
+    operator will find, never reached the stream), created long before the 1 s window: the
+    next claim weighs them as past it, without a wait."""
+    await conn.execute(
+        "UPDATE relayd.outbox SET created_at = now() - interval '1 minute', "
+        "available_at = now(), attempts = 1, last_attempt_at = now() "
+        "WHERE event_id = ANY($1::uuid[])",
+        event_ids,
+    )
+
+
+async def events_in(client: Client) -> list[dict[str, Any]]:
+    """The stream's events (markers left out), none when it holds nothing."""
+    if (await client.jetstream().stream_info(STREAM)).state.messages == 0:
+        return []
+    return [m for m in await stored(client) if m["subject"].startswith("events.")]
+
+
+async def redrive(store: Store, event_ids: list[str]) -> None:
+    """`relayd dlq retry ID…`, through the operator function the command calls."""
+    selection = Selection(event_ids, DeadLetterFilter(), await store.operator_now())
+    actor = AuditEntry(actor="test-operator", action=DlqAction.REDRIVE.value)
+    summary = await act(store, DlqRequest(DlqAction.REDRIVE, selection, actor, 500))
+    assert summary.changed == len(event_ids)
+
+
+async def test_a_redriven_past_window_dead_letter_is_sent_once_on_its_next_claim(
+    database: Database,
+    conn: asyncpg.Connection,
+    store: Store,
+    server: Server,
+    client: Client,
+) -> None:
+    """sink.past_window = "dead_letter", window mode: a row past the window is dead-lettered
+    `past_window`; once an operator redrives it (`relayd dlq retry`) its next claim
+    publishes it once, logged and counted as the operator's (`redriven`), while a row past
+    the window that was not redriven is dead-lettered again; the redrive covers that one
+    attempt, so a retry after it (its PubAck lost) is weighed against the window again."""
+    await create_stream(client, **PLAIN_STREAM)
+    routes = [{"type": "order.updated", "subject": "events.orders"}]
+    settings = nats_settings(database.dsn, server.url, routes=routes, past_window="dead_letter")
+
+    # 1. An unanswered attempt, the row past the window: dead-lettered, nothing sent.
+    [redriven] = await commit(conn, [event(1)])
+    await unanswered_long_ago(conn, [redriven])
+    await run_until_idle(settings)
+    assert [reason for reason, _ in (await dead(conn)).values()] == ["past_window"]
+    assert await events_in(client) == []
+
+    # 2. The operator finds it missing from the stream and redrives it; another row is
+    # past the window meanwhile, not redriven.
+    await redrive(store, [redriven])
+    [other] = await commit(conn, [event(2)])
+    await unanswered_long_ago(conn, [other])
+    with structlog.testing.capture_logs() as logs:
+        daemon = await run_until_idle(settings)
+    events = await events_in(client)
+    assert [m["headers"]["Nats-Msg-Id"] for m in events] == [redriven]
+    assert {k: reason for k, (reason, _) in (await dead(conn)).items()} == {other: "past_window"}
+    row = await conn.fetchrow(
+        "SELECT published_at, last_attempt_at, redriven_at FROM relayd.outbox WHERE event_id = $1",
+        redriven,
+    )
+    assert row is not None
+    assert row["published_at"] is not None
+    assert row["last_attempt_at"] > row["redriven_at"]  # the claim used the redrive up
+    sample = daemon.metrics.registry.get_sample_value
+    counted = {
+        code: sample(
+            "relayd_sink_requests_total",
+            {"sink": "nats", "operation": "past_window", "code": code},
+        )
+        for code in ("redriven", "resend", "dead_letter")
+    }
+    assert counted == {"redriven": 1, "resend": None, "dead_letter": 1}
+    told = [e for e in logs if e["event"].startswith("sink.resending_")]
+    assert [(e["event"], e["event_id"]) for e in told] == [("sink.resending_redriven", redriven)]
+
+    # 3. That attempt's PubAck lost: the retry is past the window again, with no redrive.
+    await conn.execute(
+        "UPDATE relayd.outbox SET published_at = NULL, sink_state = NULL, "
+        "available_at = now() WHERE event_id = $1",
+        redriven,
+    )
+    await run_until_idle(settings)
+    assert (await dead(conn))[redriven][0] == "past_window"
+    assert len(await events_in(client)) == 1

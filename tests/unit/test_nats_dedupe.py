@@ -28,6 +28,7 @@ from relayd.sinks.nats_dedupe import (
     EXPECTED_LAST_SUBJECT_SEQ,
     MarkerFound,
     Mode,
+    PastWindow,
     StreamFacts,
     Taken,
     as_pattern,
@@ -36,6 +37,7 @@ from relayd.sinks.nats_dedupe import (
     marker_body,
     mode_for,
     past_window,
+    past_window_action,
     past_window_dead_letter,
     stream_facts,
 )
@@ -185,6 +187,22 @@ def test_a_row_is_past_the_window_when_its_age_may_exceed_it(
     the time until the message leaves bounds how long the stream has held the id."""
     got = past_window(claimed_before=claimed_before, age_s=age_s, window_s=window_s, margin_s=10.0)
     assert got is expected
+
+
+@pytest.mark.parametrize(
+    ("redriven", "setting", "expected"),
+    [
+        (False, "resend", PastWindow.RESEND),
+        (False, "dead_letter", PastWindow.DEAD_LETTER),
+        (True, "dead_letter", PastWindow.REDRIVEN),  # the operator looked and decided
+        (True, "resend", PastWindow.REDRIVEN),  # counted as the operator's, not the setting's
+    ],
+)
+def test_a_redrive_sends_a_row_past_the_window_whatever_the_setting(
+    redriven: bool, setting: str, expected: PastWindow
+) -> None:
+    """A row redriven since its last attempt is sent; any other follows sink.past_window."""
+    assert past_window_action(redriven=redriven, setting=setting) is expected
 
 
 def test_past_the_window_dead_letters_with_its_own_reason() -> None:

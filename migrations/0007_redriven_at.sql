@@ -1,0 +1,15 @@
+-- 0007_redriven_at: when an operator last redrove the row (`relayd dlq retry`).
+--
+-- A redrive keeps last_attempt_at, so that the next claim still treats the row as one an
+-- earlier attempt may have delivered (the OJS sink reconciles it with a GET first). For a
+-- NATS route in `window` mode that same flag, with the row's age, used to dead-letter a
+-- redriven `past_window` row again at its next claim: the operator could never re-send it.
+-- The claim now tells the sink whether the row was redriven since its last attempt
+-- (redriven_at later than last_attempt_at): the operator's decision to send it once more,
+-- past the stream's duplicate window (docs/nats.md#deduplication). Comparing the two times,
+-- instead of clearing a flag, lets a claim handed back unstarted (release restores
+-- last_attempt_at) keep the decision, and needs no change to any settle.
+--
+-- Nullable and without a default: adding it rewrites no row and holds its lock only for
+-- the catalog change. Existing rows were never redriven as far as it knows (NULL).
+ALTER TABLE @outbox@ ADD COLUMN IF NOT EXISTS redriven_at timestamptz;
