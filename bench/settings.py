@@ -28,7 +28,9 @@ RELAYD: MappingProxyType[str, MappingProxyType[str, str]] = MappingProxyType(
         # nats: the NATS sink at its defaults (bench/nats.py gives the server, the stream
         # and the routes, as RELAYD_SINK__* variables).
         "nats": MappingProxyType({}),
-        "webhook": MappingProxyType({"RELAYD_SINK__KIND": "webhook"}),  # bench/webhook.py
+        # webhook: the webhook sink at its defaults (bench/webhook.py gives the kind, the
+        # receiver's URL and the secret file, as RELAYD_SINK__* variables).
+        "webhook": MappingProxyType({}),
         # tracing: batch mode without, then with, the relay's spans, through the standard OTEL_*
         # variables (the SDK, the always-on sampler, no exporter: recorded, never exported).
         "tracing.off": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),

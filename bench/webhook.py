@@ -2,7 +2,8 @@
 
 - one-row loop (the baseline), in this process: claim one unsent row (SELECT ... LIMIT 1),
   build its signed delivery with relayd's own functions, POST it over a keep-alive
-  connection, mark it published; sequentially;
+  connection, mark it published; sequentially; and the same loop with a new connection per
+  POST, as `drain`'s OJS loop does;
 - relayd: `relayd run` with `[sink] kind = "webhook"`, one signed POST per row, concurrently.
 
 Both deliver to the same receiver, in this process: it answers 204 to each delivery and
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 
@@ -26,15 +28,12 @@ from aiohttp import web
 
 from bench.harness import (
     Bench,
-    Relay,
-    Relays,
     drain_timeout_s,
     drop_outbox,
     filled_outbox,
-    relayd_command,
+    paused_relays,
 )
 from bench.measure import BenchError, Drain, Result, ratio, warnings_line
-from bench.settings import relay_settings
 from relayd.models import Envelope, OutboxTable
 from relayd.sinks.webhook_answers import (
     HEADER_ID,
@@ -44,7 +43,7 @@ from relayd.sinks.webhook_answers import (
     delivery_for,
 )
 from relayd.sinks.webhook_signing import parse_secrets, signature_header
-from relayd.testing.processes import await_http, free_port, relay_process
+from relayd.testing.processes import free_port
 
 NAME = "webhook"
 ROWS = {"full": 50_000, "quick": 10_000}
@@ -84,12 +83,14 @@ async def _receiving() -> AsyncIterator[_Receiver]:
         await runner.cleanup()
 
 
-async def one_row_loop(dsn: str, table: OutboxTable, url: str) -> None:
-    """The simplest webhook relay: one row at a time, signed as relayd signs it."""
+async def one_row_loop(dsn: str, table: OutboxTable, url: str, *, keep_alive: bool) -> None:
+    """The simplest webhook relay: one row at a time, signed as relayd signs it, over one
+    kept connection or a new one per POST."""
     keys = parse_secrets(SECRET)
     conn = await asyncpg.connect(dsn)
+    connector = aiohttp.TCPConnector(force_close=not keep_alive)
     try:
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(connector=connector) as http:
             while True:
                 row = await conn.fetchrow(
                     f"SELECT event_id::text, job::text FROM {table.qualified} "
@@ -122,11 +123,13 @@ async def one_row_loop(dsn: str, table: OutboxTable, url: str) -> None:
         await conn.close()
 
 
-async def drain_loop(bench: Bench, rows: int, url: str) -> Drain:
+async def drain_loop(bench: Bench, rows: int, url: str, *, keep_alive: bool) -> Drain:
     table = await filled_outbox(bench, "webhook_loop", rows)
     cpu0 = bench.cpu_s(None)
     started = time.perf_counter()
-    await asyncio.wait_for(one_row_loop(bench.dsn, table, url), LOOP_TIMEOUT_S)
+    await asyncio.wait_for(
+        one_row_loop(bench.dsn, table, url, keep_alive=keep_alive), LOOP_TIMEOUT_S
+    )
     seconds = time.perf_counter() - started
     relay, pg, sink = (b - a for a, b in zip(cpu0, bench.cpu_s(None), strict=True))
     await drop_outbox(bench, table)
@@ -135,22 +138,20 @@ async def drain_loop(bench: Bench, rows: int, url: str) -> Drain:
 
 async def drain_relayd(bench: Bench, rows: int, url: str) -> Drain:
     """One `relayd run` of the webhook kind, started on a paused outbox, timed from the
-    resume to the last row (Relays.drain)."""
+    resume to the last row (Relays.drain). The receiver runs in this process: its CPU over
+    the drain is reported as the sink's."""
     table = await filled_outbox(bench, "webhook_relayd", rows)
-    directory = bench.relay_dir(f"{table.name}-relay0")
-    secret_file = directory / "webhook-secret"
+    secret_file = bench.relay_dir("webhook") / "webhook-secret"
     secret_file.write_text(SECRET + "\n")
-    env = relay_settings(NAME) | {
-        "RELAYD_OUTBOX__TABLE": str(table),
+    sink = {
+        "RELAYD_SINK__KIND": "webhook",
+        "RELAYD_SINK__URL": url,
         "RELAYD_SINK__SECRET_FILE": str(secret_file),
     }
-    await relayd_command(bench, table, "pause", "--reason", "bench: start the relay first")
-    port = free_port()
-    async with relay_process(directory, bench.dsn, url, port, **env) as process:
-        await await_http(f"http://127.0.0.1:{port}/readyz", process)
-        relays = Relays(bench, table, [Relay(process, port, directory / "relayd.log")])
-        # ledger=True: the emulator is not this scenario's sink, nothing to keep small.
-        drained = await relays.drain(cpu_rows=rows, timeout_s=drain_timeout_s(rows), ledger=True)
+    async with paused_relays(bench, table, NAME, sink=sink) as relays:
+        receiver0 = time.process_time()
+        drained = await relays.drain(cpu_rows=rows, timeout_s=drain_timeout_s(rows), emulator=False)
+        drained = dataclasses.replace(drained, sink_cpu_s=time.process_time() - receiver0)
     await drop_outbox(bench, table)
     return drained
 
@@ -159,23 +160,32 @@ async def run(bench: Bench) -> Result:
     size = "quick" if bench.quick else "full"
     rows, loop_rows = ROWS[size], LOOP_ROWS[size]
     async with _receiving() as receiver:
-        loop = await drain_loop(bench, loop_rows, receiver.url)
+        loop = await drain_loop(bench, loop_rows, receiver.url, keep_alive=True)
+        fresh = await drain_loop(bench, loop_rows, receiver.url, keep_alive=False)
         relayd = await drain_relayd(bench, rows, receiver.url)
-        if len(receiver.ids) != loop_rows + rows:
+        if len(receiver.ids) != 2 * loop_rows + rows:
             raise BenchError(
-                f"the receiver got {len(receiver.ids):,} ids, expected {loop_rows + rows:,}"
+                f"the receiver got {len(receiver.ids):,} ids, expected {2 * loop_rows + rows:,}"
             )
         duplicates = receiver.deliveries - len(receiver.ids)
     vs_loop = ratio(relayd.rate, loop.rate)
+    vs_fresh = ratio(relayd.rate, fresh.rate)
     summary = [
-        f"{'mode':<16}{'rows':>9}{'seconds':>9}{'rows/s':>10}{'vs loop':>9}{'relay us/row':>14}"
+        f"{'mode':<28}{'rows':>9}{'seconds':>9}{'rows/s':>10}{'vs loop':>9}{'relay us/row':>14}"
+        f"{'receiver us/row':>17}"
     ]
-    for name, drained in (("one-row loop", loop), ("relayd webhook", relayd)):
+    for name, drained in (
+        ("one-row loop (keep-alive)", loop),
+        ("one-row loop (new conn.)", fresh),
+        ("relayd webhook", relayd),
+    ):
+        f = drained.figures()
         summary.append(
-            f"{name:<16}{drained.rows:>9,}{drained.seconds:>9.2f}{drained.rate:>10,.0f}"
-            f"{ratio(drained.rate, loop.rate):>8.1f}x"
-            f"{drained.figures()['relay_cpu_us_per_row']:>14.0f}"
+            f"{name:<28}{drained.rows:>9,}{drained.seconds:>9.2f}{drained.rate:>10,.0f}"
+            f"{ratio(drained.rate, loop.rate):>8.1f}x{f['relay_cpu_us_per_row']:>14.0f}"
+            f"{f['sink_cpu_s_per_1000_rows'] * 1000:>17.0f}"
         )
+    summary.append(f"relayd vs the new-connection loop: {vs_fresh:.1f}x")
     summary += warnings_line(relayd.relay_warnings)
     return Result(
         scenario=NAME,
@@ -184,11 +194,13 @@ async def run(bench: Bench) -> Result:
             "loop_rows": loop_rows,
             "receiver": "in the benchmark's process, 204 to each delivery",
             "relay_cpu_of_loop": "this process (the loop and the receiver run in it)",
+            "sink_cpu_of_relayd": "this process's during the drain (the receiver)",
         },
         baseline="the one-row webhook loop, same run, on loop_rows rows",
-        headline={"relayd_vs_loop": vs_loop},
+        headline={"relayd_vs_loop": vs_loop, "relayd_vs_new_connection_loop": vs_fresh},
         figures={
             "one_row_loop": loop.figures(),
+            "one_row_loop_new_connection": fresh.figures(),
             "relayd": relayd.figures() | {"vs_loop": vs_loop},
             "duplicate_deliveries": duplicates,
         },
