@@ -50,8 +50,9 @@ SINK_RESET_S = 0.5
 
 # The rows every scenario but `lag` relays, made by PostgreSQL (ids from relayd_uuidv7(),
 # installed by the migration): a business payload in five types, then what the kind of
-# envelope adds (`<last>`). `n` numbers the rows; `$1`..`$2` is the range of one statement.
-_ROWS_SQL = """
+# envelope adds (`<last>`: the rest of jsonb_build_object's arguments). `n` numbers the
+# rows; `$1`..`$2` is the range of one statement.
+ROWS_SQL = """
 INSERT INTO {outbox} (event_id, job)
 SELECT id,
        jsonb_build_object(
@@ -64,10 +65,10 @@ SELECT id,
 FROM (SELECT {schema}.relayd_uuidv7() AS id, n FROM generate_series($1::int, $2::int) AS n) AS s
 """
 # OJS envelopes of about 230 bytes, in eight queues.
-FILL_SQL = _ROWS_SQL.replace("<last>", "'options', jsonb_build_object('queue', 'q' || (n % 8))")
+FILL_SQL = ROWS_SQL.replace("<last>", "'options', jsonb_build_object('queue', 'q' || (n % 8))")
 # Domain events (the NATS sink's): the payload is the event's data, `meta` holds its schema
 # version and its occurrence time.
-EVENT_FILL_SQL = _ROWS_SQL.replace(
+EVENT_FILL_SQL = ROWS_SQL.replace(
     "<last>",
     "'meta', jsonb_build_object('version', 1, 'occurred_at', "
     "to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'))",

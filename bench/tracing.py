@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import os
 
-import asyncpg
-
 from bench.harness import (
-    FILL_CHUNK,
+    ROWS_SQL,
     Bench,
     drain_timeout_s,
     drop_outbox,
-    new_outbox,
+    filled_outbox,
     paused_relays,
     reset_emulator,
 )
 from bench.measure import BenchError, Drain, Result, warnings_line
-from relayd.models import OutboxTable
 
 NAME = "tracing"
 ROWS = {"full": 100_000, "quick": 20_000}
@@ -37,39 +34,17 @@ TARGET_US_PER_ROW = 10.0
 
 # The rows of the other scenarios (harness.FILL_SQL), each with a producer's traceparent in
 # meta: a distinct, valid W3C value per row, made from its id.
-TRACED_FILL_SQL = """
-INSERT INTO {outbox} (event_id, job)
-SELECT id,
-       jsonb_build_object(
-           'id', id,
-           'type', 'bench.kind' || (n % 5),
-           'args', jsonb_build_array(jsonb_build_object(
-               'order_id', n, 'sku', 'sku-' || (n % 1000), 'quantity', n % 7 + 1,
-               'note', 'a line of text the size of a typical business payload, 64 b')),
-           'options', jsonb_build_object('queue', 'q' || (n % 8)),
-           'meta', jsonb_build_object('traceparent',
-               '00-' || md5(id::text) || '-' || substr(md5(n::text), 1, 16) || '-01'))
-FROM (SELECT {schema}.relayd_uuidv7() AS id, n FROM generate_series($1::int, $2::int) AS n) AS s
-"""
-
-
-async def traced_outbox(bench: Bench, name: str, rows: int) -> OutboxTable:
-    """A new outbox of `rows` pending traced rows, analyzed."""
-    table = await new_outbox(bench, name)
-    sql = TRACED_FILL_SQL.format(outbox=table.qualified, schema=table.quoted_schema)
-    conn = await asyncpg.connect(bench.dsn)
-    try:
-        for start in range(1, rows + 1, FILL_CHUNK):
-            await conn.execute(sql, start, min(start + FILL_CHUNK - 1, rows))
-        await conn.execute(f"ANALYZE {table.qualified}")
-    finally:
-        await conn.close()
-    return table
+TRACED_FILL_SQL = ROWS_SQL.replace(
+    "<last>",
+    "'options', jsonb_build_object('queue', 'q' || (n % 8)), "
+    "'meta', jsonb_build_object('traceparent', "
+    "'00-' || md5(id::text) || '-' || substr(md5(n::text), 1, 16) || '-01')",
+)
 
 
 async def drain_mode(bench: Bench, mode: str, rows: int) -> Drain:
     """Time one `relayd run` (settings `tracing.<mode>`) over a fresh traced outbox."""
-    table = await traced_outbox(bench, f"tracing_{mode}", rows)
+    table = await filled_outbox(bench, f"tracing_{mode}", rows, rows_sql=TRACED_FILL_SQL)
     await reset_emulator(bench)
     async with paused_relays(bench, table, f"{NAME}.{mode}") as relays:
         drained = await relays.drain(cpu_rows=rows, timeout_s=drain_timeout_s(rows))
