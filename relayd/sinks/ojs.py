@@ -27,7 +27,8 @@ from relayd.models import (
     SinkDown,
 )
 from relayd.sinks import Capabilities, ExchangeObserver, SinkHealth
-from relayd.sinks.http_answers import Response, classify_exception, unbuildable
+from relayd.sinks.http_answers import Response
+from relayd.sinks.http_exchange import exchange
 from relayd.sinks.ojs_answers import (
     BATCH_PATH,
     JOBS_PATH,
@@ -368,42 +369,29 @@ class OjsSink:
             headers["Authorization"] = f"Bearer {token}"
         if body is not None:
             headers["Content-Type"] = MEDIA_TYPE
-        # Unless an answer or a transport failure says otherwise, the exchange was cut by
-        # the attempt's deadline (a cancellation, which is not ours to swallow).
-        code = "timeout"
-        answered = False
-        try:
-            async with self._session.request(
-                method, self._url + path, data=body, headers=headers, allow_redirects=False
-            ) as response:
-                answered = True
-                content = await _read_body(response.content)
-                code = str(response.status)
-                if response.status in (401, 403) and self._token_file is not None:
-                    # Refused: the operator may have rotated the token; the next request
-                    # (the breaker's probe) sends the file's new one. This answer can only
-                    # echo the token it was sent, which is redacted already.
-                    await self._token_file.refresh()
-                if not 200 <= response.status < 300:
-                    # Error text may reach logs and last_error; a server or proxy that
-                    # echoes our Authorization header must not put the token there.
-                    content = redact(content, self._secrets)
-                return Response(response.status, content, response.headers.get("Retry-After"))
-        except aiohttp.ClientError as exc:
-            code = "error"
-            return classify_exception(exc)
-        except (ValueError, TypeError) as exc:
-            # aiohttp refuses to build some requests (a control character in a header
-            # value, a URL it cannot encode) with a plain ValueError, before any byte is
-            # sent. A request that cannot be built would fail for every row alike: a
-            # sink-wide failure, never a worker's crash. After an answer, it is our bug.
-            if answered:
-                raise
-            code = "error"
-            return unbuildable(exc, check="sink.token_file and sink.url")
-        finally:
-            if self._observe is not None:
-                self._observe(method, code)
+        return await exchange(
+            self._session,
+            method,
+            self._url + path,
+            body=body,
+            headers=headers,
+            limit_bytes=_MAX_RESPONSE_BYTES,
+            check="sink.token_file and sink.url",
+            observe=self._observe,
+            answered=self._answered,
+        )
+
+    async def _answered(self, status: int, content: bytes) -> bytes:
+        if status in (401, 403) and self._token_file is not None:
+            # Refused: the operator may have rotated the token; the next request (the
+            # breaker's probe) sends the file's new one. This answer can only echo the
+            # token it was sent, which is redacted already.
+            await self._token_file.refresh()
+        if not 200 <= status < 300:
+            # Error text may reach logs and last_error; a server or proxy that echoes our
+            # Authorization header must not put the token there.
+            content = redact(content, self._secrets)
+        return content
 
     async def _bearer(self) -> str | None:
         """The token to send now: the token file's current one (see TokenFile.current)."""
@@ -428,23 +416,6 @@ class OjsSink:
             else:
                 self._health.sink_answered()
         return outcome
-
-
-async def _read_body(stream: aiohttp.StreamReader) -> bytes:
-    """The whole body, however the network slices it, or its first _MAX_RESPONSE_BYTES + 1
-    bytes: an oversized answer stays unreadable (a 2xx one is then reconciled with a GET).
-    One `read(n)` would return only what has arrived so far."""
-    chunks: list[bytes] = []
-    size = 0
-    while size <= _MAX_RESPONSE_BYTES:
-        chunk = await stream.read(_MAX_RESPONSE_BYTES + 1 - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-        if stream.at_eof():  # the usual answer arrives whole: no second read to learn it
-            break
-    return b"".join(chunks)
 
 
 def _too_late(send_by: float) -> bool:

@@ -32,7 +32,8 @@ from relayd.models import (
     SinkDown,
 )
 from relayd.sinks import Capabilities, ExchangeObserver, SinkHealth
-from relayd.sinks.http_answers import Response, classify_exception, unbuildable
+from relayd.sinks.http_answers import Response
+from relayd.sinks.http_exchange import exchange
 from relayd.sinks.webhook_answers import (
     GONE_RETRY_S,
     HEADER_ID,
@@ -238,44 +239,18 @@ class WebhookSink:
     ) -> Response | SinkDown:
         if self._session is None:
             raise RuntimeError("WebhookSink.start() was not called")
-        # Unless an answer or a transport failure says otherwise, the exchange was cut by
-        # the attempt's deadline (a cancellation, which is not ours to swallow).
-        code = "timeout"
-        answered = False
-        try:
-            async with self._session.request(
-                method, url, data=body, headers=headers, allow_redirects=False
-            ) as response:
-                answered = True
-                code = str(response.status)
-                content = await _read_bounded(response.content)
-                return Response(response.status, content, response.headers.get("Retry-After"))
-        except aiohttp.ClientError as exc:
-            code = "error"
-            return classify_exception(exc)
-        except (ValueError, TypeError) as exc:
-            if answered:
-                raise
-            code = "error"
-            return unbuildable(exc, check="sink.url and sink.routes")
-        finally:
-            if self._observe is not None:
-                self._observe(method, code)
+        return await exchange(
+            self._session,
+            method,
+            url,
+            body=body,
+            headers=headers,
+            limit_bytes=MAX_ANSWER_BYTES,
+            check="sink.url and sink.routes",
+            observe=self._observe,
+        )
 
 
 @functools.lru_cache(maxsize=4)
 def _parsed(text: str) -> SigningKeys:
     return parse_secrets(text)
-
-
-async def _read_bounded(stream: aiohttp.StreamReader) -> bytes:
-    """At most MAX_ANSWER_BYTES of the answer, however the network slices it."""
-    chunks: list[bytes] = []
-    size = 0
-    while size < MAX_ANSWER_BYTES:
-        chunk = await stream.read(MAX_ANSWER_BYTES - size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
