@@ -153,19 +153,30 @@ class NatsSink:
         outcomes: dict[str, Outcome] = {}
         piped: list[tuple[ClaimedRow, NatsMessage]] = []
         alone: list[tuple[ClaimedRow, NatsMessage, Mode]] = []
-        client: Client | None = None
+        client: Client | SinkDown | None = None
         for row in rows:
-            prepared = await self._prepare(row, envelopes[row.event_id], send_by)
-            if not isinstance(prepared, tuple):
-                outcomes[row.event_id] = prepared
+            message = message_for(
+                envelopes[row.event_id],
+                self._routes,
+                stream=self._stream,
+                source=self._settings.source,
+                max_body_bytes=self._settings.max_payload_bytes,
+            )
+            if isinstance(message, DeadLetter):
+                outcomes[row.event_id] = message  # decided here, nothing sent or noted
                 continue
-            client, message, mode = prepared
+            if client is None:  # asked once per claim, once a row is to be sent
+                client = await self._connection.get()
+            mode = await self._prepare(client, row, message, send_by)
+            if not isinstance(mode, Mode):
+                outcomes[row.event_id] = mode
+                continue
             if mode is Mode.ATOMIC_MARKER:
                 alone.append((row, message, mode))
             else:
                 guarded = expecting_new_subject(message) if mode is Mode.ID_IN_SUBJECT else message
                 piped.append((row, guarded))
-        if client is None:
+        if client is None or isinstance(client, SinkDown):
             return outcomes
         if piped:
             outcomes.update(await self._pipeline(client, piped, send_by))
@@ -210,29 +221,16 @@ class NatsSink:
     # --- one row ---
 
     async def _prepare(
-        self, row: ClaimedRow, envelope: Envelope, send_by: float
-    ) -> tuple[Client, NatsMessage, Mode] | Outcome:
-        """The row's message, the connection and the route's mode; or the row's outcome
-        when it goes no further (decided here, or the sink is down)."""
-        message = message_for(
-            envelope,
-            self._routes,
-            stream=self._stream,
-            source=self._settings.source,
-            max_body_bytes=self._settings.max_payload_bytes,
-        )
-        if isinstance(message, DeadLetter):
-            return message  # decided here, nothing sent: nothing to tell the breaker
-        client = await self._connection.get()
+        self, client: Client | SinkDown, row: ClaimedRow, message: NatsMessage, send_by: float
+    ) -> Mode | Outcome:
+        """The route's mode for the row's message; or the row's outcome when it goes no
+        further (too large for the server, past the window, or the sink is down)."""
         if isinstance(client, SinkDown):
             return self._noted(client)
         refused = self._over_max_payload(client, message)
         if refused is not None:
             return self._noted(refused) if isinstance(refused, SinkDown) else refused
-        mode = await self._mode(client, row, message, send_by)
-        if not isinstance(mode, Mode):
-            return mode
-        return client, message, mode
+        return await self._mode(client, row, message, send_by)
 
     async def _send(
         self, client: Client, row: ClaimedRow, message: NatsMessage, mode: Mode, send_by: float
