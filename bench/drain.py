@@ -3,7 +3,11 @@
 - one-row loop (the baseline): the simplest outbox relay, in this process: SELECT one
   unsent row, POST it on a new connection, mark it published, sequentially;
 - relayd per-row: `relayd run` with sink.batch = off (one POST per row);
-- relayd batch: `relayd run` with sink.batch = on (up to sink.batch_max_jobs per POST).
+- relayd batch: `relayd run` with sink.batch = on (up to sink.batch_max_jobs per POST);
+- bare POSTs (the per-row CPU baseline): the same stored jobs POSTed by a bare aiohttp loop on
+  the OJS sink's own session (`ojs.new_session`, default settings), sink.concurrency at a
+  time, each answer read; no database. relayd per-row's CPU per row against it is the cost of
+  everything relayd adds to aiohttp's request path (target: within 1.5x).
 
 Each mode drains its own freshly filled outbox; the emulator is reset before each. The loop
 runs on fewer rows (it is slow); rates compare, not totals. CPU is read from /proc: the
@@ -29,14 +33,19 @@ from bench.harness import (
     paused_relays,
     reset_emulator,
 )
-from bench.measure import Drain, Result, ratio, warnings_line
+from bench.measure import BenchError, Drain, Result, ratio, warnings_line
 from relayd.models import OutboxTable
+from relayd.sinks.ojs import new_session
+from relayd.sinks.ojs_answers import MEDIA_TYPE
+from relayd.sinks.ojs_settings import OjsSettings
 
 NAME = "drain"
 ROWS = {"full": 100_000, "quick": 20_000}
 LOOP_ROWS = {"full": 2_000, "quick": 1_000}
 LOOP_TIMEOUT_S = 600
 LOOP_FILL_CHUNK = 1_000
+BARE_ROWS = {"full": 20_000, "quick": 5_000}
+PER_ROW_TARGET = 1.5
 
 
 async def one_row_loop(dsn: str, table: OutboxTable, sink_url: str) -> None:
@@ -89,6 +98,42 @@ async def drain_loop(bench: Bench, rows: int) -> Drain:
     return drained
 
 
+async def bare_posts(bench: Bench, rows: int) -> Drain:
+    """Time the bare POST loop over `rows` stored jobs (read from a filled outbox first, so
+    the bodies are relayd's). Its CPU is this process's: nothing else runs in it meanwhile."""
+    table = await filled_outbox(bench, "drain_bare", rows)
+    conn = await asyncpg.connect(bench.dsn)
+    try:
+        stored = await conn.fetch(f"SELECT job::text FROM {table.qualified}")
+    finally:
+        await conn.close()
+    await drop_outbox(bench, table)
+    bodies = iter([record[0].encode() for record in stored])
+    await reset_emulator(bench)
+    settings = OjsSettings(url=bench.sink_url)
+    url = f"{bench.sink_url}/ojs/v1/jobs"
+    headers = {"Content-Type": MEDIA_TYPE}
+
+    async def post_each(http: aiohttp.ClientSession) -> None:
+        for body in bodies:  # one shared iterator: each body is POSTed once
+            async with http.post(url, data=body, headers=headers, allow_redirects=False) as r:
+                await r.read()
+                if r.status >= 300:
+                    raise BenchError(f"bare POST loop: HTTP {r.status}")
+
+    http = new_session(settings)
+    try:
+        cpu0 = bench.cpu_s(None)
+        started = time.perf_counter()
+        posters = (post_each(http) for _ in range(settings.concurrency))
+        await asyncio.wait_for(asyncio.gather(*posters), LOOP_TIMEOUT_S)
+        seconds = time.perf_counter() - started
+        relay, pg, sink = (b - a for a, b in zip(cpu0, bench.cpu_s(None), strict=True))
+    finally:
+        await http.close()
+    return Drain(rows, seconds, rows, relay, pg, sink)
+
+
 async def drain_relayd(bench: Bench, mode: str, rows: int) -> tuple[Drain, int]:
     """Time one `relayd run` (settings `drain.<mode>`) over a fresh outbox of `rows` rows;
     also returns the mean envelope size."""
@@ -111,11 +156,15 @@ async def run(bench: Bench) -> Result:
     loop = await drain_loop(bench, loop_rows)
     per_row, envelope_bytes = await drain_relayd(bench, "per_row", rows)
     batch, _ = await drain_relayd(bench, "batch", rows)
+    bare = await bare_posts(bench, BARE_ROWS[size])
+    per_row_cpu = ratio(per_row.relay_cpu_s / per_row.cpu_rows, bare.relay_cpu_s / bare.cpu_rows)
     figures = {
         "one_row_loop": loop.figures(),
         "per_row": per_row.figures() | {"vs_loop": ratio(per_row.rate, loop.rate)},
         "batch": batch.figures() | {"vs_loop": ratio(batch.rate, loop.rate)},
         "batch_vs_per_row": ratio(batch.rate, per_row.rate),
+        "bare_posts": bare.figures(),
+        "per_row_cpu_vs_bare_posts": per_row_cpu,
     }
     summary = [
         f"{'mode':<16}{'rows':>9}{'seconds':>9}{'rows/s':>10}{'vs loop':>9}"
@@ -125,6 +174,7 @@ async def run(bench: Bench) -> Result:
         ("one-row loop", loop),
         ("relayd per-row", per_row),
         ("relayd batch", batch),
+        ("bare POSTs", bare),
     ):
         f = drained.figures()
         summary.append(
@@ -134,6 +184,11 @@ async def run(bench: Bench) -> Result:
             f"{f['sink_cpu_s_per_1000_rows']:>15.3f}"
             f"{f['relay_cpu_us_per_row']:>14.0f}"
         )
+    verdict = "within" if per_row_cpu <= PER_ROW_TARGET else "over"
+    summary.append(
+        f"relayd per-row CPU per row: {per_row_cpu:.2f}x the bare POST loop's "
+        f"({verdict} the {PER_ROW_TARGET}x target)"
+    )
     summary += warnings_line(per_row.relay_warnings) + warnings_line(batch.relay_warnings)
     return Result(
         scenario=NAME,
@@ -142,11 +197,14 @@ async def run(bench: Bench) -> Result:
             "loop_rows": loop_rows,
             "envelope_bytes": envelope_bytes,
             "relay_cpu_of_loop": "this process (the loop runs in it)",
+            "bare_rows": BARE_ROWS[size],
+            "bare_posts": "ojs.new_session at default settings, sink.concurrency at a time",
         },
         baseline="the one-row loop, same run, on loop_rows rows",
         headline={
             "batch_vs_loop": ratio(batch.rate, loop.rate),
             "per_row_vs_loop": ratio(per_row.rate, loop.rate),
+            "per_row_cpu_vs_bare_posts": per_row_cpu,
         },
         figures=figures,
         summary=summary,
