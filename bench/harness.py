@@ -120,7 +120,9 @@ async def open_bench(*, quick: bool, keep: bool, durable: bool = True) -> AsyncI
     base = Path(tempfile.mkdtemp(prefix="relayd-bench-"))
     bench: Bench | None = None
     try:
-        with EmbeddedPostgres(base / "pg", durable=durable) as pg:
+        # Commit timestamps let `lag` split a row's wait at each commit (bench/lag.py).
+        timed = {"track_commit_timestamp": "on"}
+        with EmbeddedPostgres(base / "pg", durable=durable, startup_settings=timed) as pg:
             dsn = pg.dsn()
             async with emulator_process(base) as sink_url:
                 conn = await asyncpg.connect(dsn)

@@ -9,8 +9,16 @@ and how late it ran is reported.
 
 The lag of a row is `published_at - created_at`, both stamped by PostgreSQL (no clock of
 this process is involved), over the rows committed after a warm-up second. `created_at` is
-the producer transaction's start, so a lag includes the producer's own insert and commit
-round trips: their p99 is reported too, as what that adds at most.
+the producer transaction's start, so a lag includes the producer's own insert and commit.
+
+Each lag is also split at its commits, by the server's commit timestamps
+(`track_commit_timestamp`, which the benchmark's server keeps): the scenario's table has one
+extra column, the producer's transaction id (a default, so producers pay no round trip),
+and a row's last writer is the settle that published it. The parts: the producer's own
+transaction (`created_at` to its commit), the wait for a claim (that commit to the claim:
+`last_attempt_at`), claim to publish (the claim to the settle's start: `published_at`, which
+covers the claim's answer and the sink's), and the settle's own commit (its start to its
+commit). relayd's share is the producer's commit to the settle's commit: the last three.
 
 Baseline: the same measurement at the lower rate (1,000 rows/s); the headline is p99 at
 5,000 rows/s over p99 at 1,000 rows/s.
@@ -111,6 +119,7 @@ async def measure(
     """Produce at `rate` rows/s for `seconds` into a running relayd publishing to `target`;
     the lag figures."""
     table = await new_outbox(bench, f"{target.key.replace('.', '_')}_{rate}")
+    await _stamp_producers(bench, table)
     emulator = target.sink is None
     if emulator:
         await reset_emulator(bench)
@@ -141,7 +150,7 @@ async def measure(
             tail_s = time.perf_counter() - tail_started
             cpu_s = relays.cpu_s() - cpu0
             await require_no_dead_letters(conn, table)
-            lags_ms, waits_ms, sends_ms = await _lags_ms(conn, table)
+            lags = await _lags_ms(conn, table)
             slowest = await _slowest_seconds(conn, table)
         finally:
             await conn.close()
@@ -150,12 +159,16 @@ async def measure(
     return {
         "target_rows_per_s": rate,
         "achieved_rows_per_s": round(produced / seconds, 1),
-        "rows_measured": len(lags_ms),
-        "p50_ms": round(percentile(lags_ms, 50), 2),
-        "p99_ms": round(percentile(lags_ms, 99), 2),
-        "max_ms": round(max(lags_ms, default=float("nan")), 2),
-        "claim_wait_p99_ms": round(percentile(waits_ms, 99), 2),
-        "claim_to_publish_p99_ms": round(percentile(sends_ms, 99), 2),
+        "rows_measured": len(lags.total),
+        "p50_ms": round(percentile(lags.total, 50), 2),
+        "p99_ms": round(percentile(lags.total, 99), 2),
+        "max_ms": round(max(lags.total, default=float("nan")), 2),
+        "producer_commit_p99_ms": round(percentile(lags.producer, 99), 2),
+        "claim_wait_p99_ms": round(percentile(lags.wait, 99), 2),
+        "claim_to_publish_p99_ms": round(percentile(lags.send, 99), 2),
+        "settle_p99_ms": round(percentile(lags.settle, 99), 2),
+        "relayd_p50_ms": round(percentile(lags.relayd, 50), 2),
+        "relayd_p99_ms": round(percentile(lags.relayd, 99), 2),
         "producer_latest_start_ms": round(latest * 1000, 1),
         "producer_txn_p99_ms": round(percentile(durations, 99) * 1000, 2),
         "drain_after_producers_s": round(tail_s, 2),
@@ -165,23 +178,59 @@ async def measure(
     }
 
 
-async def _lags_ms(
-    conn: asyncpg.Connection, table: OutboxTable
-) -> tuple[list[float], list[float], list[float]]:
-    """Commit-to-publish of the rows created after the warm-up, by the database's clock,
-    and its two parts: commit to the claim that published the row (`last_attempt_at`, set
-    by the claim), and that claim to `published_at` (the POST and the settle)."""
+PRODUCER_XID = "bench_producer_xid"
+
+
+async def _stamp_producers(bench: Bench, table: OutboxTable) -> None:
+    """Give the (empty) table a column holding each row's producer transaction id, filled by
+    its default: no round trip for the producers, and nothing relayd reads."""
+    conn = await asyncpg.connect(bench.dsn)
+    try:
+        await conn.execute(
+            f"ALTER TABLE {table.qualified} "
+            f"ADD COLUMN {PRODUCER_XID} xid8 DEFAULT pg_current_xact_id()"
+        )
+    finally:
+        await conn.close()
+
+
+@dataclass(frozen=True)
+class Lags:
+    """Each measured row's commit-to-publish and its parts, in milliseconds (module
+    docstring): `total` = `producer` + `wait` + `send` (it ends at `published_at`, the
+    settle's start); `relayd` = `wait` + `send` + `settle`."""
+
+    total: list[float]
+    producer: list[float]
+    wait: list[float]
+    send: list[float]
+    settle: list[float]
+    relayd: list[float]
+
+
+async def _lags_ms(conn: asyncpg.Connection, table: OutboxTable) -> Lags:
+    """The lags of the rows created after the warm-up, by the database's clock."""
     rows = await conn.fetch(
-        "SELECT extract(epoch FROM o.published_at) - extract(epoch FROM o.created_at) AS lag,"
-        " extract(epoch FROM o.last_attempt_at) - extract(epoch FROM o.created_at) AS wait"
+        "SELECT extract(epoch FROM o.created_at) AS created,"
+        f" extract(epoch FROM pg_xact_commit_timestamp(o.{PRODUCER_XID}::xid)) AS committed,"
+        " extract(epoch FROM o.last_attempt_at) AS claimed,"
+        " extract(epoch FROM o.published_at) AS published,"
+        " extract(epoch FROM pg_xact_commit_timestamp(o.xmin)) AS settled"
         f" FROM {table.qualified} AS o, (SELECT min(created_at) + make_interval(secs => $1)"
         f" AS since FROM {table.qualified}) AS w WHERE o.created_at >= w.since",
         WARMUP_S,
     )
-    lags = [float(r["lag"]) * 1000 for r in rows]
-    waits = [float(r["wait"]) * 1000 for r in rows if r["wait"] is not None]
-    sends = [(float(r["lag"]) - float(r["wait"])) * 1000 for r in rows if r["wait"] is not None]
-    return lags, waits, sends
+    lags = Lags([], [], [], [], [], [])
+    for r in rows:
+        created, committed, claimed = (float(r[k]) for k in ("created", "committed", "claimed"))
+        published, settled = float(r["published"]), float(r["settled"])
+        lags.total.append((published - created) * 1000)
+        lags.producer.append((committed - created) * 1000)
+        lags.wait.append((claimed - committed) * 1000)
+        lags.send.append((published - claimed) * 1000)
+        lags.settle.append((settled - published) * 1000)
+        lags.relayd.append((settled - committed) * 1000)
+    return lags
 
 
 async def _slowest_seconds(conn: asyncpg.Connection, table: OutboxTable) -> list[dict[str, float]]:
@@ -200,6 +249,21 @@ async def _slowest_seconds(conn: asyncpg.Connection, table: OutboxTable) -> list
     ]
 
 
+def split_lines(results: Mapping[int, Mapping[str, Any]]) -> list[str]:
+    """The p99 of each part of the lag, per rate, and relayd's share (module docstring)."""
+    lines = [
+        f"{'rows/s':>8}{'producer p99':>14}{'claim wait':>12}{'claim->publish':>16}"
+        f"{'settle':>9}{'relayd p50':>12}{'relayd p99 ms':>15}"
+    ]
+    for rate, f in results.items():
+        lines.append(
+            f"{rate:>8,}{f['producer_commit_p99_ms']:>14.1f}{f['claim_wait_p99_ms']:>12.1f}"
+            f"{f['claim_to_publish_p99_ms']:>16.1f}{f['settle_p99_ms']:>9.1f}"
+            f"{f['relayd_p50_ms']:>12.1f}{f['relayd_p99_ms']:>15.1f}"
+        )
+    return lines
+
+
 async def run(bench: Bench) -> Result:
     seconds = SECONDS["quick" if bench.quick else "full"]
     results = {rate: await measure(bench, rate, seconds) for rate in RATES}
@@ -215,6 +279,7 @@ async def run(bench: Bench) -> Result:
             f"{f['p50_ms']:>9.1f}{f['p99_ms']:>9.1f}{f['max_ms']:>9.1f}"
             f"{ratio(f['p99_ms'], base['p99_ms']):>12.2f}x{f['producer_txn_p99_ms']:>21.1f}"
         )
+    summary += split_lines(results)
     for rate, f in results.items():
         worst = f["slowest_seconds"][0] if f["slowest_seconds"] else None
         if worst is not None:
@@ -236,6 +301,7 @@ async def run(bench: Bench) -> Result:
         headline={
             f"p99_{high}_vs_{low}": ratio(results[high]["p99_ms"], base["p99_ms"]),
             f"p50_{high}_vs_{low}": ratio(results[high]["p50_ms"], base["p50_ms"]),
+            f"relayd_p99_ms_at_{high}": results[high]["relayd_p99_ms"],
         },
         figures={f"rate_{rate}": f for rate, f in results.items()},
         summary=summary,

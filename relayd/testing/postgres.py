@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -28,13 +29,22 @@ class EmbeddedPostgres:
     crashes the server on purpose, where a scratch server would forget commits it had
     acknowledged. `prepared_transactions` sets max_prepared_transactions (0, PostgreSQL's
     default: PREPARE TRANSACTION is refused), for a test of a two-phase-commit producer.
+    `startup_settings`: other settings read only at server start (name: value), such as
+    `track_commit_timestamp` for a benchmark that times each commit.
     """
 
     def __init__(
-        self, base_dir: Path | None = None, *, durable: bool = False, prepared_transactions: int = 0
+        self,
+        base_dir: Path | None = None,
+        *,
+        durable: bool = False,
+        prepared_transactions: int = 0,
+        startup_settings: Mapping[str, str] | None = None,
     ) -> None:
         self._durable = durable
-        self._prepared_transactions = prepared_transactions
+        self._startup = dict(startup_settings or {})
+        if prepared_transactions:
+            self._startup["max_prepared_transactions"] = str(int(prepared_transactions))
         self._owned_dir = base_dir is None
         self._base = Path(tempfile.mkdtemp(prefix="relayd-pg-")) if base_dir is None else base_dir
         self._server: Any = None
@@ -43,12 +53,16 @@ class EmbeddedPostgres:
         server_module = _import_embedded()
         self._base.mkdir(parents=True, exist_ok=True)
         data = self._base / "data"
-        if self._prepared_transactions:
+        if self._startup:
             # Read only at server start, and the wheel starts the server as it creates it:
-            # create it, set the value, stop it (keeping its data), start it again.
+            # create it, set the values, stop it (keeping its data), start it again.
             first = server_module.get_server(data, cleanup_mode="stop")
-            count = int(self._prepared_transactions)
-            first.psql(f"ALTER SYSTEM SET max_prepared_transactions = {count};\n")
+            first.psql(
+                "".join(
+                    f"ALTER SYSTEM SET {name} = '{value}';\n"
+                    for name, value in self._startup.items()
+                )
+            )
             first.cleanup()
         self._server = server_module.get_server(data, cleanup_mode="delete")
         settings = "".join(
