@@ -36,8 +36,27 @@ SCENARIOS: dict[str, Callable[[Bench], Awaitable[Result]]] = {
 
 
 async def _run(names: list[str], args: argparse.Namespace) -> int:
-    quick, durable, out = args.quick, not args.scratch, args.out
+    """Every scenario on a durable server, then (`--both`) again on a scratch one, whose
+    headlines are then printed beside the durable ones."""
+    durabilities = [False] if args.scratch else [True, False] if args.both else [True]
     failed = 0
+    headlines: dict[bool, dict[str, dict[str, float]]] = {}
+    for durable in durabilities:
+        results = await _run_on(names, args, durable=durable)
+        failed += len(names) - len(results)
+        headlines[durable] = {name: result.headline for name, result in results.items()}
+    if len(headlines) == 2:
+        for line in side_by_side(headlines[True], headlines[False]):
+            print(f"  {line}")
+    return 1 if failed else 0
+
+
+async def _run_on(
+    names: list[str], args: argparse.Namespace, *, durable: bool
+) -> dict[str, Result]:
+    """The scenarios `names` on one embedded server; the results of those that measured."""
+    quick, out = args.quick, args.out
+    results: dict[str, Result] = {}
     started = time.perf_counter()
     async with open_bench(quick=quick, keep=args.keep, durable=durable) as bench:
         for name in names:
@@ -48,12 +67,12 @@ async def _run(names: list[str], args: argparse.Namespace) -> int:
             except Exception as exc:
                 if args.traceback:
                     raise
-                failed += 1
                 bench.keep = True  # the relays' logs say more than one line can
                 said = str(exc) if isinstance(exc, BenchError) else f"{type(exc).__name__}: {exc}"
                 print(f"bench: {name}: {said}", file=sys.stderr, flush=True)
                 continue
             result.elapsed_s = time.perf_counter() - began
+            results[name] = result
             line = result.json_line(quick=quick, durable=durable, load_1m=load_1m)
             print(line)
             for text in result.summary:
@@ -65,11 +84,24 @@ async def _run(names: list[str], args: argparse.Namespace) -> int:
     database = "durable database" if durable else "scratch database"
     mode = f"{'quick' if quick else 'full'}, {database}"
     print(
-        f"bench: {len(names) - failed} of {len(names)} scenarios ({mode}) "
+        f"bench: {len(results)} of {len(names)} scenarios ({mode}) "
         f"in {time.perf_counter() - started:.0f} s",
         flush=True,
     )
-    return 1 if failed else 0
+    return results
+
+
+def side_by_side(
+    durable: dict[str, dict[str, float]], scratch: dict[str, dict[str, float]]
+) -> list[str]:
+    """Each headline figure measured on both servers, durable first."""
+    lines = [f"{'scenario':<10}{'headline':<36}{'durable':>12}{'scratch':>12}"]
+    for name, figures in durable.items():
+        for key, value in figures.items():
+            other = scratch.get(name, {}).get(key)
+            shown = "-" if other is None else f"{other:,.2f}"
+            lines.append(f"{name:<10}{key:<36}{value:>12,.2f}{shown:>12}")
+    return lines
 
 
 def main() -> None:
@@ -94,6 +126,12 @@ def main() -> None:
         help="PostgreSQL with fsync, synchronous_commit and full_page_writes off (default: on, "
         "as production runs it)",
     )
+    parser.add_argument(
+        "--both",
+        action="store_true",
+        help="run the scenarios on a durable server, then on a scratch one, and print their "
+        "headlines side by side",
+    )
     parser.add_argument("--out", type=Path, help="also append each JSON line to this file")
     parser.add_argument(
         "--keep", action="store_true", help="keep the run's directory (logs); kept on failure"
@@ -105,6 +143,8 @@ def main() -> None:
     unknown = [name for name in args.scenarios if name not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario {unknown[0]!r}: choose from {', '.join(SCENARIOS)}")
+    if args.both and args.scratch:
+        parser.error("--both already runs on a scratch server: drop --scratch")
     names = args.scenarios or list(SCENARIOS)
     try:
         code = asyncio.run(_run(names, args))
