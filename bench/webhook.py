@@ -4,7 +4,11 @@
   build its signed delivery with relayd's own functions, POST it over a keep-alive
   connection, mark it published; sequentially; and the same loop with a new connection per
   POST, as `drain`'s OJS loop does;
-- relayd: `relayd run` with `[sink] kind = "webhook"`, one signed POST per row, concurrently.
+- relayd: `relayd run` with `[sink] kind = "webhook"`, one signed POST per row, concurrently;
+- bare POSTs (the ceiling): the same number of deliveries, signed beforehand, POSTed by a
+  bare aiohttp loop in a process of its own (bench/bare_posts.py) on the sink's session,
+  sink.concurrency at a time: what any aiohttp relay could reach here, with nothing of a
+  relay's work.
 
 Both deliver to the same receiver, in this process: it answers 204 to each delivery and
 records its webhook-id (signatures are verified by the tests, not here, so that the
@@ -19,6 +23,8 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import json
+import sys
 import time
 from collections.abc import AsyncIterator
 
@@ -42,7 +48,8 @@ from relayd.sinks.webhook_answers import (
     Delivery,
     delivery_for,
 )
-from relayd.sinks.webhook_signing import parse_secrets, signature_header
+from relayd.sinks.webhook_settings import WebhookSettings
+from relayd.sinks.webhook_signing import SigningKeys, parse_secrets, signature_header
 from relayd.testing.processes import free_port
 
 NAME = "webhook"
@@ -136,6 +143,53 @@ async def drain_loop(bench: Bench, rows: int, url: str, *, keep_alive: bool) -> 
     return Drain(rows, seconds, rows, relay, pg, sink)
 
 
+def signed_request(keys: SigningKeys, raw_job: str, event_id: str, url: str) -> dict[str, object]:
+    """A row's delivery as relayd would send it now: its body and its signed headers."""
+    delivery = delivery_for(Envelope.parse(raw_job, event_id), url=url, routes={})
+    if not isinstance(delivery, Delivery):
+        raise BenchError(f"bare POSTs: {delivery.error}")
+    now_s = int(time.time())
+    headers = dict(delivery.headers) | {
+        HEADER_TIMESTAMP: str(now_s),
+        HEADER_SIGNATURE: signature_header(keys, delivery.headers[HEADER_ID], now_s, delivery.body),
+    }
+    return {"headers": headers, "body": delivery.body.decode()}
+
+
+async def bare_posts(bench: Bench, rows: int, url: str) -> Drain:
+    """Time bench/bare_posts.py over `rows` signed deliveries (rows of a filled outbox,
+    signed first); the receiver, in this process, is the sink's CPU."""
+    table = await filled_outbox(bench, "webhook_bare", rows)
+    conn = await asyncpg.connect(bench.dsn)
+    try:
+        stored = await conn.fetch(f"SELECT event_id::text, job::text FROM {table.qualified}")
+    finally:
+        await conn.close()
+    await drop_outbox(bench, table)
+    keys = parse_secrets(SECRET)
+    requests = bench.relay_dir("webhook") / "bare-requests.jsonl"
+    requests.write_text(
+        "".join(json.dumps(signed_request(keys, r[1], r[0], url)) + "\n" for r in stored)
+    )
+    concurrency = str(WebhookSettings(url=url).concurrency)
+    receiver0 = time.process_time()
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.bare_posts",
+        str(requests),
+        url,
+        concurrency,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(child.communicate(), LOOP_TIMEOUT_S)
+    receiver_s = time.process_time() - receiver0
+    if child.returncode != 0:
+        raise BenchError(f"bare POSTs exited {child.returncode}")
+    timed = json.loads(out)
+    return Drain(rows, timed["seconds"], rows, timed["cpu_s"], 0.0, receiver_s)
+
+
 async def drain_relayd(bench: Bench, rows: int, url: str) -> Drain:
     """One `relayd run` of the webhook kind, started on a paused outbox, timed from the
     resume to the last row (Relays.drain). The receiver runs in this process: its CPU over
@@ -163,10 +217,10 @@ async def run(bench: Bench) -> Result:
         loop = await drain_loop(bench, loop_rows, receiver.url, keep_alive=True)
         fresh = await drain_loop(bench, loop_rows, receiver.url, keep_alive=False)
         relayd = await drain_relayd(bench, rows, receiver.url)
-        if len(receiver.ids) != 2 * loop_rows + rows:
-            raise BenchError(
-                f"the receiver got {len(receiver.ids):,} ids, expected {2 * loop_rows + rows:,}"
-            )
+        bare = await bare_posts(bench, rows, receiver.url)
+        expected = 2 * loop_rows + 2 * rows
+        if len(receiver.ids) != expected:
+            raise BenchError(f"the receiver got {len(receiver.ids):,} ids, expected {expected:,}")
         duplicates = receiver.deliveries - len(receiver.ids)
     vs_loop = ratio(relayd.rate, loop.rate)
     vs_fresh = ratio(relayd.rate, fresh.rate)
@@ -178,6 +232,7 @@ async def run(bench: Bench) -> Result:
         ("one-row loop (keep-alive)", loop),
         ("one-row loop (new conn.)", fresh),
         ("relayd webhook", relayd),
+        ("bare POSTs (ceiling)", bare),
     ):
         f = drained.figures()
         summary.append(
@@ -186,6 +241,11 @@ async def run(bench: Bench) -> Result:
             f"{f['sink_cpu_s_per_1000_rows'] * 1000:>17.0f}"
         )
     summary.append(f"relayd vs the new-connection loop: {vs_fresh:.1f}x")
+    summary.append(
+        f"relayd vs the bare POSTs: {ratio(relayd.rate, bare.rate):.2f}x the rate, "
+        f"{ratio(relayd.relay_cpu_s / relayd.cpu_rows, bare.relay_cpu_s / bare.cpu_rows):.2f}x "
+        "the CPU per row"
+    )
     summary += warnings_line(relayd.relay_warnings)
     return Result(
         scenario=NAME,
@@ -195,13 +255,21 @@ async def run(bench: Bench) -> Result:
             "receiver": "in the benchmark's process, 204 to each delivery",
             "relay_cpu_of_loop": "this process (the loop and the receiver run in it)",
             "sink_cpu_of_relayd": "this process's during the drain (the receiver)",
+            "bare_posts": "bench/bare_posts.py, its own process, the sink's session, "
+            "sink.concurrency at a time, on rows deliveries signed beforehand",
         },
         baseline="the one-row webhook loop, same run, on loop_rows rows",
-        headline={"relayd_vs_loop": vs_loop, "relayd_vs_new_connection_loop": vs_fresh},
+        headline={
+            "relayd_vs_loop": vs_loop,
+            "relayd_vs_new_connection_loop": vs_fresh,
+            "bare_posts_vs_loop": ratio(bare.rate, loop.rate),
+            "relayd_vs_bare_posts": ratio(relayd.rate, bare.rate),
+        },
         figures={
             "one_row_loop": loop.figures(),
             "one_row_loop_new_connection": fresh.figures(),
             "relayd": relayd.figures() | {"vs_loop": vs_loop},
+            "bare_posts": bare.figures() | {"vs_loop": ratio(bare.rate, loop.rate)},
             "duplicate_deliveries": duplicates,
         },
         summary=summary,

@@ -1,11 +1,15 @@
 """One exchange of an HTTP sink (OJS, webhooks): the request sent without following
 redirects, the answer read with a bound, aiohttp's failures turned into `SinkDown` values at
-this one boundary, and every exchange counted for `relayd_sink_requests_total`.
+this one boundary, and every exchange counted for `relayd_sink_requests_total`. Also the
+session both sinks send with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Protocol
 
 import aiohttp
 
@@ -16,6 +20,38 @@ from relayd.sinks.http_answers import Response, classify_exception, unbuildable
 # What a sink does with an answer's status and body before it is classified (refresh a
 # credential after a refusal, redact what the server echoed): the body to keep.
 Answered = Callable[[int, bytes], Awaitable[bytes]]
+
+
+class SessionSettings(Protocol):
+    """The keys of an HTTP sink's settings that shape its session."""
+
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def ca_file(self) -> Path | None: ...
+    @property
+    def connect_timeout_s(self) -> float: ...
+
+
+def new_session(settings: SessionSettings, headers: Mapping[str, str]) -> aiohttp.ClientSession:
+    """An HTTP sink's session: up to `sink.concurrency` kept-alive connections, TLS verified
+    (against `sink.ca_file` if set), `headers` on every request. (Also what `bench` times
+    a bare POST loop on, so that both pay for the same settings.)"""
+    ssl_context = ssl.create_default_context(
+        cafile=str(settings.ca_file) if settings.ca_file else None
+    )
+    return aiohttp.ClientSession(
+        headers=dict(headers),
+        connector=aiohttp.TCPConnector(
+            limit=settings.concurrency, ssl=ssl_context, keepalive_timeout=30
+        ),
+        # The relay bounds each attempt with one outer deadline; only connecting has its own,
+        # shorter limit so a dead host fails fast.
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s),
+        # No server of a sink has any business setting cookies, and relayd none sending
+        # them: no jar to consult and update on every request.
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
 
 
 async def read_bounded(stream: aiohttp.StreamReader, limit_bytes: int) -> bytes:

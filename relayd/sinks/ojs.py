@@ -8,7 +8,6 @@ the sink (an outcome's error, `check`'s line) with a piece of a token in it.
 from __future__ import annotations
 
 import asyncio
-import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TypeVar
@@ -28,7 +27,7 @@ from relayd.models import (
 )
 from relayd.sinks import Capabilities, ExchangeObserver, SinkHealth
 from relayd.sinks.http_answers import Response
-from relayd.sinks.http_exchange import exchange
+from relayd.sinks.http_exchange import exchange, new_session
 from relayd.sinks.ojs_answers import (
     BATCH_PATH,
     JOBS_PATH,
@@ -62,29 +61,8 @@ _MANIFEST_TIMEOUT_S = 5.0
 _MANIFEST_TTL_S = 300.0
 _MANIFEST_RETRY_S = 30.0
 _O = TypeVar("_O")
-
-
-def new_session(settings: OjsSettings) -> aiohttp.ClientSession:
-    """The HTTP session an OJS sink sends with (also the baseline `bench drain` times a bare
-    POST loop on, so that both pay for the same settings). Authorization is set per request:
-    the token may change while the session lives."""
-    headers = {"Accept": MEDIA_TYPE, "User-Agent": f"relayd/{__version__}"}
-    ssl_context = ssl.create_default_context(
-        cafile=str(settings.ca_file) if settings.ca_file else None
-    )
-    return aiohttp.ClientSession(
-        headers=headers,
-        connector=aiohttp.TCPConnector(
-            limit=settings.concurrency, ssl=ssl_context, keepalive_timeout=30
-        ),
-        # The relay bounds each attempt with one outer deadline; only connecting has its own,
-        # shorter limit so a dead host fails fast.
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s),
-        auto_decompress=True,
-        # An OJS server has no business setting cookies, and relayd none sending them: no jar
-        # to consult and update on every request.
-        cookie_jar=aiohttp.DummyCookieJar(),
-    )
+# Sent with every request of the sink's session.
+SESSION_HEADERS = {"Accept": MEDIA_TYPE, "User-Agent": f"relayd/{__version__}"}
 
 
 class OjsSink:
@@ -132,7 +110,8 @@ class OjsSink:
         self._pieces = SecretPieces.of(self._secrets)
 
     async def start(self) -> None:
-        self._session = new_session(self._settings)
+        # Authorization is set per request: the token may change while the session lives.
+        self._session = new_session(self._settings, SESSION_HEADERS)
 
     async def close(self) -> None:
         if self._session is not None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from relayd.models import (
 )
 from relayd.sinks import Capabilities, ExchangeObserver, SinkHealth
 from relayd.sinks.http_answers import Response
-from relayd.sinks.http_exchange import exchange
+from relayd.sinks.http_exchange import exchange, new_session
 from relayd.sinks.webhook_answers import (
     GONE_RETRY_S,
     HEADER_ID,
@@ -108,20 +107,7 @@ class WebhookSink:
         return _CAPABILITIES
 
     async def start(self) -> None:
-        ssl_context = ssl.create_default_context(
-            cafile=str(self._settings.ca_file) if self._settings.ca_file else None
-        )
-        self._session = aiohttp.ClientSession(
-            headers={"User-Agent": f"relayd/{__version__}"},
-            connector=aiohttp.TCPConnector(
-                limit=self._settings.concurrency, ssl=ssl_context, keepalive_timeout=30
-            ),
-            # The relay bounds each attempt; only connecting has its own, shorter limit.
-            timeout=aiohttp.ClientTimeout(
-                total=None, sock_connect=self._settings.connect_timeout_s
-            ),
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
+        self._session = new_session(self._settings, {"User-Agent": f"relayd/{__version__}"})
 
     async def close(self) -> None:
         if self._session is not None:
