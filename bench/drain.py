@@ -33,6 +33,7 @@ from bench.harness import (
     filled_outbox,
     paused_relays,
     reset_emulator,
+    stored_rows,
 )
 from bench.measure import BenchError, Drain, Result, ratio, warnings_line
 from relayd.models import OutboxTable
@@ -103,14 +104,8 @@ async def drain_loop(bench: Bench, rows: int) -> Drain:
 async def bare_posts(bench: Bench, rows: int) -> Drain:
     """Time the bare POST loop over `rows` stored jobs (read from a filled outbox first, so
     the bodies are relayd's). Its CPU is this process's: nothing else runs in it meanwhile."""
-    table = await filled_outbox(bench, "drain_bare", rows)
-    conn = await asyncpg.connect(bench.dsn)
-    try:
-        stored = await conn.fetch(f"SELECT job::text FROM {table.qualified}")
-    finally:
-        await conn.close()
-    await drop_outbox(bench, table)
-    bodies = iter([record[0].encode() for record in stored])
+    stored = await stored_rows(bench, "drain_bare", rows)
+    bodies = iter([record["job"].encode() for record in stored])
     await reset_emulator(bench)
     settings = OjsSettings(url=bench.sink_url)
     url = f"{bench.sink_url}/ojs/v1/jobs"

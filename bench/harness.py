@@ -207,6 +207,24 @@ async def filled_outbox(
     return table
 
 
+async def stored_rows(
+    bench: Bench, name: str, rows: int, rows_sql: str = FILL_SQL
+) -> list[asyncpg.Record]:
+    """The `event_id` and `job` (as text) of `rows` rows of `rows_sql`, as an outbox would
+    store them (filled into a table of their own, read, dropped): what a baseline sends
+    without any outbox."""
+    table = await filled_outbox(bench, name, rows, rows_sql=rows_sql)
+    conn = await asyncpg.connect(bench.dsn)
+    try:
+        stored: list[asyncpg.Record] = await conn.fetch(
+            f"SELECT event_id::text AS event_id, job::text AS job FROM {table.qualified}"
+        )
+    finally:
+        await conn.close()
+    await drop_outbox(bench, table)
+    return stored
+
+
 async def count_pending(conn: asyncpg.Connection, table: OutboxTable) -> int:
     count: int = await conn.fetchval(
         f"SELECT count(*) FROM {table.qualified} WHERE published_at IS NULL AND dead_at IS NULL"

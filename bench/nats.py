@@ -40,6 +40,7 @@ from bench.harness import (
     drop_outbox,
     filled_outbox,
     paused_relays,
+    stored_rows,
 )
 from bench.measure import BenchError, Drain, Result, process_cpu_s, ratio, warnings_line
 from relayd.events import META_OCCURRED_AT, META_VERSION
@@ -123,13 +124,7 @@ async def client_pipeline(
 ) -> Drain:
     """nats-py's JetStream publish by CONCURRENCY publishers, of `rows` messages built
     beforehand: the client's own cost per message."""
-    table = await filled_outbox(bench, "nats_client", rows, rows_sql=EVENT_FILL_SQL)
-    conn = await asyncpg.connect(bench.dsn)
-    try:
-        raws = await conn.fetch(f"SELECT job::text AS job FROM {table.qualified}")
-    finally:
-        await conn.close()
-    await drop_outbox(bench, table)
+    raws = await stored_rows(bench, "nats_client", rows, rows_sql=EVENT_FILL_SQL)
     messages = iter([message_of(r["job"]) for r in raws])
 
     async def publisher() -> None:

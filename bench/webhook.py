@@ -38,6 +38,7 @@ from bench.harness import (
     drop_outbox,
     filled_outbox,
     paused_relays,
+    stored_rows,
 )
 from bench.measure import BenchError, Drain, Result, ratio, warnings_line
 from relayd.models import Envelope, OutboxTable
@@ -159,18 +160,11 @@ def signed_request(keys: SigningKeys, raw_job: str, event_id: str, url: str) -> 
 async def bare_posts(bench: Bench, rows: int, url: str) -> Drain:
     """Time bench/bare_posts.py over `rows` signed deliveries (rows of a filled outbox,
     signed first); the receiver, in this process, is the sink's CPU."""
-    table = await filled_outbox(bench, "webhook_bare", rows)
-    conn = await asyncpg.connect(bench.dsn)
-    try:
-        stored = await conn.fetch(f"SELECT event_id::text, job::text FROM {table.qualified}")
-    finally:
-        await conn.close()
-    await drop_outbox(bench, table)
+    stored = await stored_rows(bench, "webhook_bare", rows)
     keys = parse_secrets(SECRET)
     requests = bench.relay_dir("webhook") / "bare-requests.jsonl"
-    requests.write_text(
-        "".join(json.dumps(signed_request(keys, r[1], r[0], url)) + "\n" for r in stored)
-    )
+    lines = (json.dumps(signed_request(keys, r["job"], r["event_id"], url)) for r in stored)
+    requests.write_text("".join(line + "\n" for line in lines))
     concurrency = str(WebhookSettings(url=url).concurrency)
     receiver0 = time.process_time()
     child = await asyncio.create_subprocess_exec(
