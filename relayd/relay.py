@@ -28,6 +28,7 @@ from typing import ParamSpec
 
 from relayd.breaker import BreakerGate
 from relayd.config import Settings
+from relayd.deadline import AttemptDeadlines
 from relayd.errors import DatabaseUnavailable, StatementError, WorkerCrashed
 from relayd.logs import get_logger
 from relayd.metrics import RelayMetrics
@@ -151,7 +152,7 @@ class RelayWorker:
         self._settings = ctx.settings
         self._grace_ends = math.inf  # set by the drain: no attempt runs past it
         self._watermark = Watermark(full_scan_every_s=self._settings.full_scan_interval_s)
-        self._scopes: set[asyncio.Timeout] = set()
+        self._deadlines: set[AttemptDeadlines] = set()  # one per runner of the claim
         self.released = 0  # rows handed back unstarted (drain, open breaker)
         self.in_flight = 0  # rows claimed and not yet settled
         self._empty_claims = 0  # consecutive claims that came back with no row
@@ -217,10 +218,10 @@ class RelayWorker:
     def cut_deadline(self, when: float) -> None:
         """Bring in-flight attempts' deadline forward to `when` (loop time): drain grace."""
         self._grace_ends = min(self._grace_ends, when)
-        for scope in self._scopes:
-            current = scope.when()
-            if current is None or current > when:
-                scope.reschedule(when)
+        for deadlines in self._deadlines:
+            current = deadlines.when()
+            if current is not None and current > when:
+                deadlines.reschedule(when)
 
     # --- claim ---------------------------------------------------------------------------
 
@@ -370,12 +371,18 @@ class RelayWorker:
         slots = self._ctx.slots
 
         async def runner() -> None:
-            async with slots:
-                for index, rows in pending:  # shared: each request is taken once
-                    try:
-                        results[index] = await self._attempt(claim, rows, envelopes)
-                    except Exception as exc:
-                        results[index] = exc
+            deadlines = AttemptDeadlines()
+            self._deadlines.add(deadlines)
+            try:
+                async with slots:
+                    for index, rows in pending:  # shared: each request is taken once
+                        try:
+                            results[index] = await self._attempt(claim, rows, envelopes, deadlines)
+                        except Exception as exc:
+                            results[index] = exc
+            finally:
+                self._deadlines.discard(deadlines)
+                deadlines.close()
 
         runners = min(self._settings.concurrency, len(requests))
         if runners == 1:
@@ -388,9 +395,14 @@ class RelayWorker:
         return results
 
     async def _attempt(
-        self, claim: Claim, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope]
+        self,
+        claim: Claim,
+        rows: Sequence[ClaimedRow],
+        envelopes: Mapping[str, Envelope],
+        deadlines: AttemptDeadlines,
     ) -> dict[str, Outcome]:
-        """One request's rows (a row, or a batch), in its runner's slot, under one deadline.
+        """One request's rows (a row, or a batch), in its runner's slot, under one deadline
+        (sink.timeout_s from the attempt's own start, or the drain's grace if sooner).
 
         An attempt that cannot start (stopping, breaker open, or queued for a slot until too
         little of the lease was left) returns NotStarted: the claim is released, not counted.
@@ -406,12 +418,8 @@ class RelayWorker:
         started, timer = loop.time(), time.perf_counter()
         deadline = min(started + self._settings.attempt_timeout_s, self._grace_ends)
         try:
-            async with asyncio.timeout_at(deadline) as scope:
-                self._scopes.add(scope)
-                try:
-                    result = await self._ctx.sink.publish(rows, envelopes, send_by=claim.start_by)
-                finally:
-                    self._scopes.discard(scope)
+            with deadlines.until(deadline):
+                result = await self._ctx.sink.publish(rows, envelopes, send_by=claim.start_by)
         except TimeoutError:
             expired = timed_out(loop.time() - started)
             if not self._ctx.stopping.is_set():  # a drain cut is ours, not the sink's
