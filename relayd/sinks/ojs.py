@@ -170,7 +170,9 @@ class OjsSink:
         if len(rows) == 1:
             row = rows[0]
             outcome = await self._publish_row(row, envelopes[row.event_id], send_by)
-            return {row.event_id: scrubbed(outcome, self._pieces)}
+            if self._pieces.whole:
+                outcome = scrubbed(outcome, self._pieces)
+            return {row.event_id: outcome}
         outcomes = await self._publish_batch(rows, envelopes, send_by)
         if not self._pieces.whole:
             return outcomes
@@ -368,7 +370,8 @@ class OjsSink:
         headers = {"X-Request-Id": rid}
         if trace:
             headers.update(trace)
-        token = await self._bearer()
+        # Without a token file the token never changes: no coroutine per request to ask.
+        token = self._token if self._token_file is None else await self._bearer()
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         if body is not None:
