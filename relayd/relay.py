@@ -28,6 +28,7 @@ from typing import ParamSpec
 
 from relayd.breaker import BreakerGate
 from relayd.config import Settings
+from relayd.deadline import AttemptDeadlines
 from relayd.errors import DatabaseUnavailable, StatementError, WorkerCrashed
 from relayd.logs import get_logger
 from relayd.metrics import RelayMetrics
@@ -83,6 +84,7 @@ class WorkerSettings:
     poll_interval_s: float  # relay.poll_interval_s
     full_scan_interval_s: float  # relay.full_scan_interval_s
     attempt_timeout_s: float  # sink.timeout_s
+    concurrency: int  # sink.concurrency
     max_envelope_bytes: int  # sink.max_envelope_bytes
     max_attempts: int  # retry.max_attempts
 
@@ -95,6 +97,7 @@ class WorkerSettings:
             poll_interval_s=relay.poll_interval_s,
             full_scan_interval_s=relay.full_scan_interval_s,
             attempt_timeout_s=settings.sink.timeout_s,
+            concurrency=settings.sink.concurrency,
             max_envelope_bytes=settings.sink.max_envelope_bytes,
             max_attempts=settings.retry.max_attempts,
         )
@@ -149,7 +152,7 @@ class RelayWorker:
         self._settings = ctx.settings
         self._grace_ends = math.inf  # set by the drain: no attempt runs past it
         self._watermark = Watermark(full_scan_every_s=self._settings.full_scan_interval_s)
-        self._scopes: set[asyncio.Timeout] = set()
+        self._deadlines: set[AttemptDeadlines] = set()  # one per runner of the claim
         self.released = 0  # rows handed back unstarted (drain, open breaker)
         self.in_flight = 0  # rows claimed and not yet settled
         self._empty_claims = 0  # consecutive claims that came back with no row
@@ -215,10 +218,10 @@ class RelayWorker:
     def cut_deadline(self, when: float) -> None:
         """Bring in-flight attempts' deadline forward to `when` (loop time): drain grace."""
         self._grace_ends = min(self._grace_ends, when)
-        for scope in self._scopes:
-            current = scope.when()
-            if current is None or current > when:
-                scope.reschedule(when)
+        for deadlines in self._deadlines:
+            current = deadlines.when()
+            if current is not None and current > when:
+                deadlines.reschedule(when)
 
     # --- claim ---------------------------------------------------------------------------
 
@@ -320,14 +323,8 @@ class RelayWorker:
             requests = [[row] for row in sendable]
         if not capabilities.reconcile_by_id:
             self._resending([row for row in sendable if row.claimed_before])
-        # Every attempt runs to its end before anything is decided: none is left running
-        # unsupervised, and none is cut mid-request by a sibling's failure.
         timer = time.perf_counter()
-        results = await asyncio.gather(
-            *(self._attempt(claim, rows, envelopes) for rows in requests),
-            return_exceptions=True,
-        )
-        for result in results:
+        for result in await self._send(claim, requests, envelopes):
             if isinstance(result, BaseException):
                 raise result
             outcomes.update(result)
@@ -355,47 +352,87 @@ class RelayWorker:
             return DeadLetter(DeadReason.INVALID_ENVELOPE, "created_at is not a finite time")
         return None
 
+    async def _send(
+        self,
+        claim: Claim,
+        requests: Sequence[Sequence[ClaimedRow]],
+        envelopes: Mapping[str, Envelope],
+    ) -> list[dict[str, Outcome] | BaseException]:
+        """Each request's outcomes, or the failure its attempt raised, in request order.
+
+        The requests run on at most sink.concurrency runners, each holding one of the
+        process's slots (the bound on requests in flight over all workers) and taking the
+        next request as soon as it is free: a task and a slot per runner, not per request.
+        Every attempt runs to its end before anything is decided: none is left running
+        unsupervised, and none is cut mid-request by a sibling's failure.
+        """
+        results: list[dict[str, Outcome] | BaseException] = [{} for _ in requests]
+        pending = iter(enumerate(requests))
+        slots = self._ctx.slots
+
+        async def runner() -> None:
+            deadlines = AttemptDeadlines()
+            self._deadlines.add(deadlines)
+            try:
+                async with slots:
+                    for index, rows in pending:  # shared: each request is taken once
+                        try:
+                            results[index] = await self._attempt(claim, rows, envelopes, deadlines)
+                        except Exception as exc:
+                            results[index] = exc
+            finally:
+                self._deadlines.discard(deadlines)
+                deadlines.close()
+
+        runners = min(self._settings.concurrency, len(requests))
+        if runners == 1:
+            await runner()  # one request (a probe, a quiet hour): no task to make
+            return results
+        ended = await asyncio.gather(*(runner() for _ in range(runners)), return_exceptions=True)
+        for end in ended:
+            if isinstance(end, BaseException):
+                raise end
+        return results
+
     async def _attempt(
-        self, claim: Claim, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope]
+        self,
+        claim: Claim,
+        rows: Sequence[ClaimedRow],
+        envelopes: Mapping[str, Envelope],
+        deadlines: AttemptDeadlines,
     ) -> dict[str, Outcome]:
-        """One request's rows (a row, or a batch) in a concurrency slot, under one deadline.
+        """One request's rows (a row, or a batch), in its runner's slot, under one deadline
+        (sink.timeout_s from the attempt's own start, or the drain's grace if sooner).
 
         An attempt that cannot start (stopping, breaker open, or queued for a slot until too
         little of the lease was left) returns NotStarted: the claim is released, not counted.
         Anything else it raises is relayd's own failure, reported with the rows it held.
         """
         loop = asyncio.get_running_loop()
-        async with self._ctx.slots:
-            if (
-                self._ctx.stopping.is_set()
-                or self._ctx.gate.state is BreakerState.OPEN
-                or loop.time() > claim.start_by
-            ):
-                return {row.event_id: NotStarted() for row in rows}
-            started, timer = loop.time(), time.perf_counter()
-            deadline = min(started + self._settings.attempt_timeout_s, self._grace_ends)
-            try:
-                async with asyncio.timeout_at(deadline) as scope:
-                    self._scopes.add(scope)
-                    try:
-                        result = await self._ctx.sink.publish(
-                            rows, envelopes, send_by=claim.start_by
-                        )
-                    finally:
-                        self._scopes.discard(scope)
-            except TimeoutError:
-                expired = timed_out(loop.time() - started)
-                if not self._ctx.stopping.is_set():  # a drain cut is ours, not the sink's
-                    self._ctx.gate.sink_failed(severe=False)
-                result = {row.event_id: expired for row in rows}
-            except Exception as exc:
-                raise WorkerCrashed("publish", [row.event_id for row in rows]) from exc
-            elapsed_s = time.perf_counter() - timer
-            durations = self._ctx.metrics.publish_duration_by
-            # One observation per attempt and outcome: a batch's rows share its duration.
-            for label in {_label(outcome) for outcome in result.values()}:
-                durations[label].observe(elapsed_s)
-            return result
+        if (
+            self._ctx.stopping.is_set()
+            or self._ctx.gate.state is BreakerState.OPEN
+            or loop.time() > claim.start_by
+        ):
+            return {row.event_id: NotStarted() for row in rows}
+        started, timer = loop.time(), time.perf_counter()
+        deadline = min(started + self._settings.attempt_timeout_s, self._grace_ends)
+        try:
+            with deadlines.until(deadline):
+                result = await self._ctx.sink.publish(rows, envelopes, send_by=claim.start_by)
+        except TimeoutError:
+            expired = timed_out(loop.time() - started)
+            if not self._ctx.stopping.is_set():  # a drain cut is ours, not the sink's
+                self._ctx.gate.sink_failed(severe=False)
+            result = {row.event_id: expired for row in rows}
+        except Exception as exc:
+            raise WorkerCrashed("publish", [row.event_id for row in rows]) from exc
+        elapsed_s = time.perf_counter() - timer
+        durations = self._ctx.metrics.publish_duration_by
+        # One observation per attempt and outcome: a batch's rows share its duration.
+        for label in {_label(outcome) for outcome in result.values()}:
+            durations[label].observe(elapsed_s)
+        return result
 
     # --- settle --------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 import aiohttp
@@ -149,7 +149,9 @@ class OjsSink:
         if len(rows) == 1:
             row = rows[0]
             outcome = await self._publish_row(row, envelopes[row.event_id], send_by)
-            return {row.event_id: scrubbed(outcome, self._pieces)}
+            if self._pieces.whole:
+                outcome = scrubbed(outcome, self._pieces)
+            return {row.event_id: outcome}
         outcomes = await self._publish_batch(rows, envelopes, send_by)
         if not self._pieces.whole:
             return outcomes
@@ -334,25 +336,49 @@ class OjsSink:
 
     # --- transport ---
 
-    async def _exchange(
+    def _exchange(
         self,
         method: str,
         path: str,
         body: bytes | None,
         rid: str,
         trace: Mapping[str, str] | None = None,
+    ) -> Awaitable[Response | SinkDown]:
+        """One exchange with the server, for the caller to await. Without a token file the
+        token never changes: the request is built at once, with no coroutine of its own."""
+        if self._token_file is not None:
+            return self._exchange_reading_token(method, path, body, rid, trace)
+        return self._request(method, path, body, rid, trace)
+
+    async def _exchange_reading_token(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        rid: str,
+        trace: Mapping[str, str] | None,
     ) -> Response | SinkDown:
+        await self._bearer()  # the file's current token, as self._token
+        return await self._request(method, path, body, rid, trace)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        rid: str,
+        trace: Mapping[str, str] | None,
+    ) -> Awaitable[Response | SinkDown]:
         if self._session is None:
             raise RuntimeError("OjsSink.start() was not called")
         headers = {"X-Request-Id": rid}
         if trace:
             headers.update(trace)
-        token = await self._bearer()
-        if token is not None:
-            headers["Authorization"] = f"Bearer {token}"
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
         if body is not None:
             headers["Content-Type"] = MEDIA_TYPE
-        return await exchange(
+        return exchange(
             self._session,
             method,
             self._url + path,
@@ -361,7 +387,9 @@ class OjsSink:
             limit_bytes=_MAX_RESPONSE_BYTES,
             check="sink.token_file and sink.url",
             observe=self._observe,
-            answered=self._answered,
+            # Without a token there is none to refresh (a token file needs one) nor to
+            # redact: no coroutine per answer to look at it.
+            answered=self._answered if self._secrets else None,
         )
 
     async def _answered(self, status: int, content: bytes) -> bytes:
