@@ -47,11 +47,8 @@ from relayd.models import (
 )
 from relayd.reconnect import DatabaseRetry
 from relayd.retry import Backoff, BreakerState, Permit
+from relayd.settle_accounts import SettleAccounts
 from relayd.settlement import (
-    DeadRows,
-    PublishedRows,
-    ReleasedRows,
-    RetriedRows,
     Settled,
     SettleGroups,
     event_ids,
@@ -149,6 +146,7 @@ class RelayWorker:
         self._ctx = ctx
         self.name = name
         self._log = get_logger("relay").bind(worker=name)
+        self._accounts = SettleAccounts(ctx.metrics, self._log)
         self._settings = ctx.settings
         self._grace_ends = math.inf  # set by the drain: no attempt runs past it
         self._watermark = Watermark(full_scan_every_s=self._settings.full_scan_interval_s)
@@ -471,7 +469,7 @@ class RelayWorker:
                 event_ids(published.rows),
                 published.sink_states,
             )
-            self._account_published(claim, published, updated)
+            self._accounts.published(published, updated, since_claim_s=self._since(claim))
         if retried.rows:
             updated = await self._fenced(
                 claim,
@@ -482,17 +480,22 @@ class RelayWorker:
                 retried.errors,
                 retried.refunds,
             )
-            self._account_retried(retried, updated)
+            self._accounts.retried(retried, updated)
         if dead.rows:
             updated = await self._fenced(
                 claim, store.settle_dead, owner, event_ids(dead.rows), dead.reasons, dead.errors
             )
-            self._account_dead(dead, updated)
+            self._accounts.dead(dead, updated)
         if released.rows:
             updated = await self._fenced(
                 claim, store.release, owner, event_ids(released.rows), released.previous_attempt_at
             )
-            self._account_released(released, updated)
+            self.released += self._accounts.released(released, updated)
+
+    @staticmethod
+    def _since(claim: Claim) -> float:
+        """Seconds since the claim's answer: added to each row's age at the claim, its lag."""
+        return asyncio.get_running_loop().time() - claim.answered_at
 
     async def _fenced(
         self,
@@ -519,85 +522,6 @@ class RelayWorker:
                 error=str(exc),
             )
             return None
-
-    # --- accounting: metrics and one log event per settled row ---------------------------
-
-    def _stale(self, kind: Settled, rows: Sequence[ClaimedRow], updated: set[str]) -> None:
-        """Rows another owner held by the time we settled are only counted (C3)."""
-        stale = len(rows) - len(updated)
-        if stale:
-            self._ctx.metrics.settled[Settled.STALE].inc(stale)
-            self._log.warning(Settled.STALE.event, kind=kind.value, rows=len(rows), stale=stale)
-
-    def _account_published(
-        self, claim: Claim, published: PublishedRows, updated: set[str] | None
-    ) -> None:
-        if updated is None:
-            return
-        self._stale(Settled.PUBLISHED, published.rows, updated)
-        metrics = self._ctx.metrics
-        lag = metrics.commit_to_publish
-        since_claim_s = asyncio.get_running_loop().time() - claim.answered_at
-        reconciled = 0
-        for row, answer in zip(published.rows, published.answers, strict=True):
-            if row.event_id not in updated:
-                continue
-            lag.observe(max(row.age_s + since_claim_s, 0.0))
-            reconciled += answer.reconciled
-            settled = Settled.RECONCILED if answer.reconciled else Settled.PUBLISHED
-            # A lost answer found again, or a unique policy's choice, is worth an info line.
-            (self._log.info if answer.reconciled or answer.sink_job_id else self._log.debug)(
-                settled.event,
-                event_id=row.event_id,
-                attempt=row.attempts,
-                sink_state=answer.sink_state,
-                sink_job_id=answer.sink_job_id,
-            )
-        metrics.settled[Settled.RECONCILED].inc(reconciled)
-        metrics.settled[Settled.PUBLISHED].inc(len(updated) - reconciled)
-
-    def _account_retried(self, retried: RetriedRows, updated: set[str] | None) -> None:
-        if updated is None:
-            return
-        self._stale(Settled.RETRIED, retried.rows, updated)
-        self._ctx.metrics.settled[Settled.RETRIED].inc(len(updated))
-        for row, delay_s, error, refund in zip(
-            retried.rows, retried.delays_s, retried.errors, retried.refunds, strict=True
-        ):
-            if row.event_id in updated:
-                self._log.info(
-                    Settled.RETRIED.event,
-                    event_id=row.event_id,
-                    attempt=row.attempts,
-                    retry_in_s=round(delay_s, 3),
-                    refunded=bool(refund),
-                    error=error,
-                )
-
-    def _account_dead(self, dead: DeadRows, updated: set[str] | None) -> None:
-        if updated is None:
-            return
-        self._stale(Settled.DEAD, dead.rows, updated)
-        metrics = self._ctx.metrics
-        metrics.settled[Settled.DEAD].inc(len(updated))
-        for row, reason, error in zip(dead.rows, dead.reasons, dead.errors, strict=True):
-            if row.event_id in updated:
-                metrics.dead_by_reason[reason].inc()
-                self._log.warning(
-                    Settled.DEAD.event,
-                    event_id=row.event_id,
-                    attempt=row.attempts,
-                    reason=reason,
-                    error=error,
-                )
-
-    def _account_released(self, released: ReleasedRows, updated: set[str] | None) -> None:
-        if updated is None:
-            return
-        self._stale(Settled.RELEASED, released.rows, updated)
-        self._ctx.metrics.settled[Settled.RELEASED].inc(len(updated))
-        self.released += len(updated)
-        self._log.debug(Settled.RELEASED.event, rows=len(updated))
 
 
 def _label(outcome: Outcome) -> str:
