@@ -67,6 +67,12 @@ class Obj(enum.Enum):
     EFFECTIVE_QUEUE = (Kind.FUNCTION, "relayd_effective_queue", "jsonb")
     HELD = (Kind.FUNCTION, "relayd_held", "jsonb, text[], text[], text[]")
     AVAILABLE_AT = (Kind.FUNCTION, "relayd_available_at", "")
+    # The outbox's CHECK constraint calls it: every statement that writes a row needs it.
+    CHECK_ROW = (
+        Kind.FUNCTION,
+        "relayd_check_row",
+        "uuid, jsonb, integer, timestamptz, timestamptz, timestamptz",
+    )
 
     @property
     def kind(self) -> Kind:
@@ -106,6 +112,7 @@ Needs = Mapping[Obj, tuple[str, ...]]
 _NOTHING: Needs = {}
 _CLAIM: Needs = {
     Obj.OUTBOX: ("SELECT", "UPDATE"),
+    Obj.CHECK_ROW: ("EXECUTE",),
     Obj.PAUSES: ("SELECT",),
     Obj.EFFECTIVE_QUEUE: ("EXECUTE",),
     Obj.HELD: ("EXECUTE",),
@@ -117,7 +124,8 @@ _PENDING: Needs = {  # reads of pending rows that skip paused queues and types
     Obj.HELD: ("EXECUTE",),
 }
 _BY_QUEUE: Needs = {Obj.OUTBOX: ("SELECT",), Obj.EFFECTIVE_QUEUE: ("EXECUTE",)}
-_FENCED: Needs = {Obj.OUTBOX: ("SELECT", "UPDATE")}  # WHERE and RETURNING read columns too
+# WHERE and RETURNING read columns too; the row written is checked.
+_FENCED: Needs = {Obj.OUTBOX: ("SELECT", "UPDATE"), Obj.CHECK_ROW: ("EXECUTE",)}
 # A row due again at once is stamped as a new row is, once the transaction writes.
 _DUE_AGAIN: Needs = {**_FENCED, Obj.AVAILABLE_AT: ("EXECUTE",)}
 _CREATE_DATABASE: Needs = {Obj.DATABASE: ("CREATE",)}
@@ -184,7 +192,7 @@ STATEMENTS: Mapping[str, Needs] = {
     "held_list": _PENDING,
     "held_batch": _NOTHING,  # its parts fail under their own names
     "held_page": {**_PENDING, Obj.OUTBOX: ("SELECT", "UPDATE")},  # FOR UPDATE
-    "held_discard": {**_PENDING, Obj.OUTBOX: ("SELECT", "UPDATE")},
+    "held_discard": {**_PENDING, **_FENCED},
     "outbox_notify": _NOTHING,
     # `relayd check` and `relayd doctor`.
     "check_identity": _NOTHING,

@@ -617,8 +617,9 @@ ORDER BY s.dead_at, s.event_id;
 -- instead of dead-lettering it `past_window` again.
 -- The table's checks exempt dead rows; a row they would refuse as a pending one is refused
 -- here, with the check's name, instead of failing the statement (and its whole batch). The
--- cases follow the checks of migrations 0001-0003; store/operator.py falls back to one row at
--- a time if a check this list does not know of refuses one.
+-- cases follow the checks of migrations 0001-0003 (one function since 0008, under the same
+-- names); store/operator.py falls back to one row at a time if a check this list does not know
+-- of refuses one.
 -- params: $1 event ids uuid[]
 WITH target AS (
     SELECT o.event_id,

@@ -329,7 +329,7 @@ async def test_0007_adds_redriven_at_to_an_outbox_in_use_changing_no_row(
         with pytest.raises(SchemaError, match=r"^outbox table relayd.outbox lacks redriven_at: "):
             await store.check_schema()
 
-        report = await migrate(store, migrations)
+        report = await migrate(store, migrations[: step.version])
         assert [m.version for m in report.applied] == [step.version]
         await store.check_schema()
         query = f"SELECT *, redriven_at IS NULL AS never FROM {DEFAULT_TABLE} ORDER BY 1"
@@ -340,6 +340,112 @@ async def test_0007_adds_redriven_at_to_an_outbox_in_use_changing_no_row(
 
         await conn.execute(step.sql(DEFAULT_TABLE))  # again, outside the ledger
         assert await conn.fetch(query) == after
+    finally:
+        await store.close()
+        await conn.close()
+
+
+# Rows the checks are asked about in test_0008: every rule refused, alone or with others, and
+# the states that exempt a row from some rules (dead, published).
+_V7 = "018f0000-0000-7000-8000-000000000001"
+_V4 = "0190c3a2-0000-4000-8000-000000000001"
+_JOBS: dict[str, object] = {
+    "good": {"id": "{id}", "type": "a.b", "args": []},
+    "with meta": {"id": "{id}", "type": "a.b", "args": [1], "meta": {"k": 1}},
+    "meta null": {"id": "{id}", "type": "a.b", "args": [], "meta": None},
+    "meta array": {"id": "{id}", "type": "a.b", "args": [], "meta": []},
+    "args object": {"id": "{id}", "type": "a.b", "args": {"n": 1}},
+    "args missing": {"id": "{id}", "type": "a.b"},
+    "type number": {"id": "{id}", "type": 7, "args": []},
+    "type missing": {"id": "{id}", "args": []},
+    "id other": {"id": _V4, "type": "a.b", "args": []},
+    "id missing": {"type": "a.b", "args": []},
+    "everything wrong": {"id": 1, "type": [], "args": "x", "meta": 2},
+    "array": ["not", "an", "object"],
+    "string": "just a string",
+}
+
+
+def _candidates() -> list[tuple[str, str, str, str, int]]:
+    """(event_id, job, created_at, state, attempts) for every combination."""
+    found = []
+    for event_id in (_V7, _V4):
+        for job in _JOBS.values():
+            text = json.dumps(job).replace("{id}", event_id)
+            for created_at in ("now()", "'infinity'"):
+                for state in ("pending", "dead", "published"):
+                    for attempts in (0, -1):
+                        found.append((event_id, text, created_at, state, attempts))
+    return found
+
+
+async def _refusals(conn: asyncpg.Connection, table: str) -> list[str | None]:
+    """For each candidate row, inserted alone and rolled back: None or the refused check's
+    name (with SQLSTATE 23514)."""
+    outcomes: list[str | None] = []
+    for event_id, job, created_at, state, attempts in _candidates():
+        stamps = {"pending": "NULL, NULL", "dead": "NULL, now()", "published": "now(), NULL"}
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            await conn.execute(
+                f"INSERT INTO {table} (event_id, job, created_at, published_at, dead_at, "
+                f"attempts) VALUES ($1, $2, {created_at}, {stamps[state]}, $3)",
+                event_id,
+                job,
+                attempts,
+            )
+            outcomes.append(None)
+        except asyncpg.CheckViolationError as exc:
+            named = f'violates check constraint "{exc.constraint_name}"' in str(exc)
+            outcomes.append(exc.constraint_name if named and exc.sqlstate == "23514" else "?")
+        finally:
+            await tx.rollback()
+    return outcomes
+
+
+async def test_0008_one_check_refuses_what_the_eight_refused(empty_database: Database) -> None:
+    """An outbox at 0007 with rows in every state: 0008 replaces its eight CHECK constraints
+    by one calling relayd_check_row, changes no row, and refuses exactly the rows the eight
+    refused, naming the same check (the first by name, as PostgreSQL tried them), for 312
+    rows that break each rule alone and together, in each state that exempts some; an
+    UPDATE is checked too."""
+    migrations = load_migrations()
+    [step] = [m for m in migrations if m.name == "row_checks"]
+    conn = await asyncpg.connect(empty_database.dsn)
+    store = await Store.connect(empty_database.dsn, DEFAULT_TABLE, max_size=2)
+    try:
+        await migrate(store, migrations[: step.version - 1])
+        await produce(conn, 3)
+        before_rows = await conn.fetch(f"SELECT * FROM {DEFAULT_TABLE} ORDER BY 1")
+        before = await _refusals(conn, DEFAULT_TABLE.qualified)
+
+        report = await migrate(store, migrations)
+        assert [m.version for m in report.applied] == [step.version]
+        checks = await conn.fetch(
+            "SELECT conname, convalidated FROM pg_constraint "
+            "WHERE conrelid = 'relayd.outbox'::regclass AND contype = 'c'"
+        )
+        assert [tuple(r) for r in checks] == [("relayd_row_checks", False)]
+        assert await conn.fetch(f"SELECT * FROM {DEFAULT_TABLE} ORDER BY 1") == before_rows
+        after = await _refusals(conn, DEFAULT_TABLE.qualified)
+
+        assert len(after) == 312
+        assert after == before
+        assert set(before) == {
+            None,
+            "relayd_attempts_not_negative",
+            "relayd_created_at_is_finite",
+            "relayd_event_id_is_uuidv7",
+            "relayd_job_args_is_array",
+            "relayd_job_id_matches_event_id",
+            "relayd_job_is_object",
+            "relayd_job_meta_is_object",
+            "relayd_job_type_is_string",
+        }
+        with pytest.raises(asyncpg.CheckViolationError) as caught:
+            await conn.execute(f"UPDATE {DEFAULT_TABLE} SET job = jsonb_set(job, '{{type}}', '7')")
+        assert caught.value.constraint_name == "relayd_job_type_is_string"
     finally:
         await store.close()
         await conn.close()

@@ -426,6 +426,39 @@ async def test_plain_jobs_append_idempotently(shop: Shop) -> None:
     assert (await shop.stored(job["id"]))["outbox"] == {job["id"]: job}
 
 
+async def test_enqueue_many_is_one_statement(shop: Shop) -> None:
+    """`enqueue_many` inserts every job with one statement (the rows share one command id:
+    the outbox's CHECK constraints are prepared and its trigger fired once, not per row),
+    in order, as the jobs' own JSON (an application's jsonb codec changes nothing), and
+    all or nothing: a taken id fails the whole call."""
+    jobs = [new_job("order.fulfill", [{"order_id": n}], queue="orders") for n in range(10)]
+    conn = await asyncpg.connect(shop.dsn)
+    try:
+        await conn.set_type_codec(
+            "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
+        async with conn.transaction():
+            assert await producer.enqueue_many(conn, jobs) == 10
+            assert await producer.enqueue_many(conn, []) == 0
+        with pytest.raises(asyncpg.UniqueViolationError):
+            await producer.enqueue_many(conn, [new_job("order.fulfill", [{}]), jobs[3]])
+    finally:
+        await conn.close()
+    ids = [job["id"] for job in jobs]
+    rows = await shop.conn.fetch(
+        "SELECT event_id::text AS id, cmin::text::int AS command FROM relayd.outbox "
+        "WHERE event_id = ANY($1::uuid[]) ORDER BY available_at, event_id",
+        ids,
+    )
+    assert [row["id"] for row in rows] == ids
+    assert {row["command"] for row in rows} == {rows[0]["command"]}
+    assert (await shop.stored(*ids))["outbox"] == {job["id"]: job for job in jobs}
+    assert (
+        await shop.conn.fetchval("SELECT count(*) FROM relayd.outbox WHERE job -> 'args' = '[{}]'")
+        == 0
+    )
+
+
 async def test_repeatable_read_refuses_the_racing_append(shop: Shop) -> None:
     """Under REPEATABLE READ the second of two racing appends fails with a serialization
     failure (40001); its retried transaction sees the row and gets `EventIdConflict`."""
