@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
 
 from relayd.errors import MigrationError, SchemaError
-from relayd.migrate import load_migrations, migrate
+from relayd.migrate import Migration, load_migrations, migrate
 from relayd.models import LOWER_UUID, OutboxTable
 from relayd.producer import uuid7
 from relayd.store import Store
@@ -303,18 +305,31 @@ async def test_migrate_dead_letters_pending_non_v7_rows_of_an_adopted_outbox(
     }
 
 
+@contextlib.asynccontextmanager
+async def _just_before(
+    database: Database, name: str
+) -> AsyncIterator[tuple[list[Migration], Migration, asyncpg.Connection, Store]]:
+    """The outbox migrated up to the migration called `name`, exclusive: every migration,
+    that one, a connection and a store."""
+    migrations = load_migrations()
+    [step] = [m for m in migrations if m.name == name]
+    conn = await asyncpg.connect(database.dsn)
+    store = await Store.connect(database.dsn, DEFAULT_TABLE, max_size=2)
+    try:
+        await migrate(store, migrations[: step.version - 1])
+        yield migrations, step, conn, store
+    finally:
+        await store.close()
+        await conn.close()
+
+
 async def test_0007_adds_redriven_at_to_an_outbox_in_use_changing_no_row(
     empty_database: Database,
 ) -> None:
     """An outbox migrated up to 0006 with rows in every state: the relay refuses it until
     0007 has run (one line naming the column); 0007 adds `redriven_at`, NULL for every row,
     and leaves the rest of each row as it was; running its SQL again changes nothing."""
-    migrations = load_migrations()
-    [step] = [m for m in migrations if m.name == "redriven_at"]
-    conn = await asyncpg.connect(empty_database.dsn)
-    store = await Store.connect(empty_database.dsn, DEFAULT_TABLE, max_size=2)
-    try:
-        await migrate(store, migrations[: step.version - 1])
+    async with _just_before(empty_database, "redriven_at") as (migrations, step, conn, store):
         pending, attempted, dead = await produce(conn, 3)
         await conn.execute(
             "UPDATE relayd.outbox SET attempts = 2, last_attempt_at = now() WHERE event_id = $1",
@@ -340,9 +355,6 @@ async def test_0007_adds_redriven_at_to_an_outbox_in_use_changing_no_row(
 
         await conn.execute(step.sql(DEFAULT_TABLE))  # again, outside the ledger
         assert await conn.fetch(query) == after
-    finally:
-        await store.close()
-        await conn.close()
 
 
 # Rows the checks are asked about in test_0008: every rule refused, alone or with others, and
@@ -405,17 +417,12 @@ async def _refusals(conn: asyncpg.Connection, table: str) -> list[str | None]:
 
 
 async def test_0008_one_check_refuses_what_the_eight_refused(empty_database: Database) -> None:
-    """An outbox at 0007 with rows in every state: 0008 replaces its eight CHECK constraints
+    """An outbox at 0007 holding rows: 0008 replaces its eight CHECK constraints
     by one calling relayd_check_row, changes no row, and refuses exactly the rows the eight
     refused, naming the same check (the first by name, as PostgreSQL tried them), for 312
     rows that break each rule alone and together, in each state that exempts some; an
     UPDATE is checked too."""
-    migrations = load_migrations()
-    [step] = [m for m in migrations if m.name == "row_checks"]
-    conn = await asyncpg.connect(empty_database.dsn)
-    store = await Store.connect(empty_database.dsn, DEFAULT_TABLE, max_size=2)
-    try:
-        await migrate(store, migrations[: step.version - 1])
+    async with _just_before(empty_database, "row_checks") as (migrations, step, conn, store):
         await produce(conn, 3)
         before_rows = await conn.fetch(f"SELECT * FROM {DEFAULT_TABLE} ORDER BY 1")
         before = await _refusals(conn, DEFAULT_TABLE.qualified)
@@ -446,6 +453,3 @@ async def test_0008_one_check_refuses_what_the_eight_refused(empty_database: Dat
         with pytest.raises(asyncpg.CheckViolationError) as caught:
             await conn.execute(f"UPDATE {DEFAULT_TABLE} SET job = jsonb_set(job, '{{type}}', '7')")
         assert caught.value.constraint_name == "relayd_job_type_is_string"
-    finally:
-        await store.close()
-        await conn.close()
