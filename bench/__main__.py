@@ -18,7 +18,18 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from bench import backlog, drain, horizon, lag, memory, nats, replicas, tracing, webhook
+from bench import (
+    appends,
+    backlog,
+    drain,
+    horizon,
+    lag,
+    memory,
+    nats,
+    replicas,
+    tracing,
+    webhook,
+)
 from bench.harness import Bench, open_bench
 from bench.measure import BenchError, Result
 
@@ -32,6 +43,7 @@ SCENARIOS: dict[str, Callable[[Bench], Awaitable[Result]]] = {
     nats.NAME: nats.run,
     webhook.NAME: webhook.run,
     tracing.NAME: tracing.run,
+    appends.NAME: appends.run,
 }
 
 
