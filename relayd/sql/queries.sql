@@ -97,10 +97,18 @@ FROM marks;
 
 -- name: settle_published
 -- Mark rows the sink accepted. Fenced: only the claim's owner token may settle (C3).
+-- Lazy commit, as in every settle (settle_retry, settle_dead, release): `lazy` turns
+-- synchronous_commit off for this statement's own transaction, so its commit returns
+-- without waiting for the WAL flush. A settle a database crash forgets leaves its rows
+-- claimed, as the durable claim recorded them: they fall due when the lease expires and the
+-- next attempt reconciles before it sends again (docs/contract.md, C1). A claim never does
+-- this: it must be on disk before a request leaves. Any later durable commit (the next
+-- claim) flushes the WAL up to itself, settles included.
 -- params: $1 owner token uuid, $2 event ids uuid[], $3 sink states text[]
 -- Returns NULL when every row was still this owner's (the usual case: nothing to decode),
 -- else the ids it did update.
-WITH settled AS (
+WITH lazy AS (SELECT set_config('synchronous_commit', 'off', true)),
+settled AS (
     UPDATE @outbox@ AS o
     SET published_at = now(),
         lease_owner = NULL,
@@ -111,7 +119,7 @@ WITH settled AS (
 )
 SELECT CASE WHEN count(*) = cardinality($2::uuid[]) THEN NULL
             ELSE coalesce(array_agg(event_id::text), '{}') END
-FROM settled;
+FROM settled, lazy;
 
 -- name: settle_retry
 -- Schedule another attempt after a backoff; refund the attempt when the failure was the
@@ -122,7 +130,8 @@ FROM settled;
 --         $4 errors text[], $5 refunds int[] (0 or 1)
 -- Returns NULL when every row was still this owner's (the usual case: nothing to decode),
 -- else the ids it did update.
-WITH settled AS (
+WITH lazy AS (SELECT set_config('synchronous_commit', 'off', true)),
+settled AS (
     UPDATE @outbox@ AS o
     SET lease_owner = NULL,
         available_at = @schema@.relayd_available_at() + make_interval(secs => r.delay_s),
@@ -134,14 +143,15 @@ WITH settled AS (
 )
 SELECT CASE WHEN count(*) = cardinality($2::uuid[]) THEN NULL
             ELSE coalesce(array_agg(event_id::text), '{}') END
-FROM settled;
+FROM settled, lazy;
 
 -- name: settle_dead
 -- Dead-letter rows that can never succeed or exhausted their attempts (C6). Fenced.
 -- params: $1 owner token uuid, $2 event ids uuid[], $3 reasons text[], $4 errors text[]
 -- Returns NULL when every row was still this owner's (the usual case: nothing to decode),
 -- else the ids it did update.
-WITH settled AS (
+WITH lazy AS (SELECT set_config('synchronous_commit', 'off', true)),
+settled AS (
     UPDATE @outbox@ AS o
     SET lease_owner = NULL,
         dead_at = now(),
@@ -153,7 +163,7 @@ WITH settled AS (
 )
 SELECT CASE WHEN count(*) = cardinality($2::uuid[]) THEN NULL
             ELSE coalesce(array_agg(event_id::text), '{}') END
-FROM settled;
+FROM settled, lazy;
 
 -- name: release
 -- Give back claimed rows whose attempt never started (drain, open breaker): due at once for
@@ -163,7 +173,8 @@ FROM settled;
 -- params: $1 owner token uuid, $2 event ids uuid[], $3 previous attempt times timestamptz[]
 -- Returns NULL when every row was still this owner's (the usual case: nothing to decode),
 -- else the ids it did update.
-WITH settled AS (
+WITH lazy AS (SELECT set_config('synchronous_commit', 'off', true)),
+settled AS (
     UPDATE @outbox@ AS o
     SET lease_owner = NULL,
         available_at = @schema@.relayd_available_at(),
@@ -175,7 +186,7 @@ WITH settled AS (
 )
 SELECT CASE WHEN count(*) = cardinality($2::uuid[]) THEN NULL
             ELSE coalesce(array_agg(event_id::text), '{}') END
-FROM settled;
+FROM settled, lazy;
 
 -- name: next_due_s
 -- Seconds until the earliest pending row the claim may take is due (negative if one is due

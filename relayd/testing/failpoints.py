@@ -23,6 +23,8 @@ The places (`POINTS`), in the order a cycle reaches them:
   `RelayWorker.publish`);
 - ``before_settle``: the settle statements are about to be sent (each commits on its own,
   so a process that dies here has committed none of them);
+- ``after_settle``: the settle statements committed (lazily: their WAL may not be on disk
+  yet, which a test that crashes PostgreSQL here relies on);
 - ``during_drain``: a worker is settling its last claim after a stop began (SIGTERM);
 - ``sink_after_store``: in ``relayd emulator``, a POST's jobs are stored and its answer is
   not sent yet (the emulator is test code: it tests `ARMED` itself).
@@ -47,7 +49,13 @@ from relayd.testing.patches import Patches
 ENV: Final = "RELAYD_TEST_FAILPOINTS"
 
 Point = Literal[
-    "after_claim", "before_post", "after_2xx", "before_settle", "during_drain", "sink_after_store"
+    "after_claim",
+    "before_post",
+    "after_2xx",
+    "before_settle",
+    "after_settle",
+    "during_drain",
+    "sink_after_store",
 ]
 POINTS: Final[tuple[str, ...]] = get_args(Point)
 
@@ -187,7 +195,9 @@ def install(patches: Patches) -> None:
     def write(original: Any) -> Any:
         async def wrapped(self: RelayWorker, *args: Any) -> Any:
             await reach("before_settle")
-            return await original(self, *args)
+            written = await original(self, *args)
+            await reach("after_settle")
+            return written
 
         return wrapped
 

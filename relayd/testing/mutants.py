@@ -16,7 +16,10 @@ launcher (relayd/testing/launch.py) calls it, for a relay the fault suite starts
   (C3, once clocks disagree);
 - ``no_jitter``: every backoff is its ceiling, so rows retried together stay together (C5);
 - ``duplicate_is_stored``: a NATS duplicate's PubAck counts as published, without reading
-  the stored message back to compare (C2).
+  the stored message back to compare (C2);
+- ``lazy_claim``: the claim commits without waiting for its WAL flush, as the settles do, so
+  a database crash after the POST forgets the attempt and its successor sends again without
+  reconciling (C2).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ Mutant = Literal[
     "host_clock_leases",
     "no_jitter",
     "duplicate_is_stored",
+    "lazy_claim",
 ]
 MUTANTS: Final[tuple[str, ...]] = get_args(Mutant)
 
@@ -150,6 +154,8 @@ def install(mutant: str, patches: Patches) -> None:
         patches.wrap(Backoff, "delay_s", delay_s)
     elif mutant == "duplicate_is_stored":
         _duplicate_is_stored(patches)
+    elif mutant == "lazy_claim":
+        _lazy_claim(patches)
     else:
         raise MutantSpecError(f"{mutant!r} is not one of {', '.join(MUTANTS)}")
 
@@ -165,3 +171,24 @@ def _duplicate_is_stored(patches: Patches) -> None:
         return wrapped
 
     patches.wrap(NatsSink, "_read_back", read_back)
+
+
+def _lazy_claim(patches: Patches) -> None:
+    from relayd.store import connection  # noqa: PLC0415 - relayd only once a mutant runs
+
+    def lazy(original: Any) -> Any:
+        def load(table: Any) -> dict[str, str]:
+            queries: dict[str, str] = original(table)
+            claim = queries["claim"]
+            # The settles' own device (queries.sql), on the one statement that must not.
+            if not claim.count("WITH marks AS (") == claim.count("FROM marks;") == 1:
+                raise MutantSpecError("lazy_claim: the claim statement changed shape")
+            queries["claim"] = claim.replace(
+                "WITH marks AS (",
+                "WITH lazy AS (SELECT set_config('synchronous_commit', 'off', true)),\nmarks AS (",
+            ).replace("FROM marks;", "FROM marks, lazy;")
+            return queries
+
+        return load
+
+    patches.wrap(connection, "load_queries", lazy)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import signal
 import subprocess
 import warnings
 from collections.abc import Iterator
@@ -182,6 +183,87 @@ async def test_postgres_stopped_immediately_then_restarted(
         finally:
             await scene.conn.close()
             scene.conn = crashed  # the harness closes its own
+
+
+# --- 2b. the server crashes between a POST and its settle --------------------------------
+
+# Settings that widen the window in which a lazy commit's WAL is still in PostgreSQL's own
+# buffers, where `-m immediate` loses it (WAL written to the kernel survives a crash of the
+# server's processes): the WAL writer sleeps 10 s between rounds, the background writer
+# writes no page (evicting a page would flush the WAL up to it), and no autovacuum runs.
+# A durable commit still flushes at once: the server keeps fsync and synchronous commits.
+_LAZY_WINDOW = {"wal_writer_delay": "10s", "bgwriter_lru_maxpages": "0", "autovacuum": "off"}
+
+
+async def _crash_between_the_post_and_its_settle(
+    own_server: OwnServer, base: Path, point: str, mutant: str | None = None
+) -> int:
+    """A relay with one worker claims 20 rows, POSTs them to a sink that overwrites a reused
+    id, and dies (SIGKILL) at `point`, before or after the settle; PostgreSQL is killed
+    with `-m immediate` at once and restarted. A second relay takes over once the leases end
+    and every row is published, none created twice. Returns how many rows the restarted
+    server showed as published before the successor ran."""
+    admin = await asyncpg.connect(own_server.dsn)
+    try:
+        await admin.execute("CREATE DATABASE relayd_crash")
+        for name, value in _LAZY_WINDOW.items():
+            await admin.execute(f"ALTER SYSTEM SET {name} = '{value}'")
+        await admin.execute("SELECT pg_reload_conf()")
+    finally:
+        await admin.close()
+    dsn = re.sub(r"/postgres\?", "/relayd_crash?", own_server.dsn)
+    await connect_and_migrate(dsn, DEFAULT_TABLE)
+    await asyncio.to_thread(base.mkdir, parents=True, exist_ok=True)
+    async with make_scene(base, dsn) as scene:
+        scene.mutant = mutant
+        await scene.start_sink(*OVERWRITE)
+        # Its heartbeat is a durable commit that would flush a lazy one: not in this window.
+        doomed = await scene.relay(
+            "doomed",
+            failpoints=f"{point}=exit@1",
+            RELAYD_RELAY__WORKERS="1",
+            RELAYD_METRICS__SAMPLE_INTERVAL_S="600",
+        )
+        ids = await scene.produce(20)  # one commit: the idle worker claims all 20 at once
+        assert await doomed.wait() == -signal.SIGKILL
+        await own_server.crash()
+        await own_server.start()
+        crashed, scene.conn = scene.conn, await asyncpg.connect(dsn)
+        try:
+            kept = await scene.published()
+            await scene.expire_leases()
+            heir = await scene.relay("heir")
+            await scene.drained()
+            assert await scene.published() == len(ids)
+            assert await heir.stop() == 0
+            assert await scene.dead() == {}
+            await scene.check()  # "duplicated" if a row was created twice on the sink
+        finally:
+            await scene.conn.close()
+            scene.conn = crashed  # the harness closes its own
+    return kept
+
+
+@pytest.mark.parametrize("point", ["before_settle", "after_settle"])
+async def test_postgres_crashes_between_the_post_and_its_settle(
+    own_server: OwnServer, tmp_path: Path, point: str
+) -> None:
+    """The claim is durable and the settles are lazy (docs/contract.md, C1): a crash right
+    after the POST, before or after the settle, leaves the rows claimed, and the successor
+    reconciles each with a GET instead of creating it again. After the settle, the crash
+    forgets it: the proof that the settle did not wait for its WAL flush."""
+    kept = await _crash_between_the_post_and_its_settle(own_server, tmp_path / "scene", point)
+    assert kept == 0, f"{kept} rows kept their settle through the crash"
+
+
+async def test_a_lazy_claim_is_caught_by_the_crash(own_server: OwnServer, tmp_path: Path) -> None:
+    """The negative control of the test above (mutant `lazy_claim`): a claim that does not
+    wait for its WAL flush is forgotten by the crash, and its rows are sent again without a
+    GET: the checker sees them created twice."""
+    with pytest.raises(AssertionError, match=r"duplicated \(\d+\)"):
+        await _crash_between_the_post_and_its_settle(
+            own_server, tmp_path / "scene", "before_settle", mutant="lazy_claim"
+        )
 
 
 # --- 3. rows locked by another session -----------------------------------------------------

@@ -61,8 +61,15 @@ CAUGHT_ON_NATS: dict[str, tuple[Scenario, str]] = {
 }
 
 
+# Mutants whose scenario needs more than a scene: their controls stand beside it.
+CAUGHT_ELSEWHERE: dict[str, str] = {
+    # The claim's WAL is lost when PostgreSQL crashes after the POST: rows created twice.
+    "lazy_claim": "tests/faults/test_database_faults.py::test_a_lazy_claim_is_caught_by_the_crash",
+}
+
+
 def test_every_mutant_has_a_scenario_that_catches_it() -> None:
-    missing = sorted(set(MUTANTS) - set(CAUGHT_BY))
+    missing = sorted(set(MUTANTS) - set(CAUGHT_BY) - set(CAUGHT_ELSEWHERE))
     assert not missing, f"mutants no scenario is shown to catch: {missing}"
 
 

@@ -63,7 +63,9 @@ async def test_the_launcher_installs_failpoints_the_drain_then_reaches(
     finally:
         patches.restore()
         failpoints.arm({})
-    assert {"after_claim", "before_post", "after_2xx", "before_settle"} <= set(reached)
+    assert {"after_claim", "before_post", "after_2xx", "before_settle", "after_settle"} <= set(
+        reached
+    )
     reached.clear()
     await produce(conn, 10)
     await run_until_idle(relay_settings(database.dsn, emulator.url))
