@@ -33,9 +33,19 @@
 -- earlier than the end of the read. They arrive on one extra row whose claim columns are NULL (last, though nothing
 -- orders the two parts; the caller looks for it), so that a claim of 100 rows does not
 -- send and decode the same two timestamps 100 times.
+--
+-- The claim is durable whatever the session's settings: `durable` lifts synchronous_commit
+-- from off to on for this statement's own transaction (a stronger setting, such as
+-- remote_apply, is kept), so the claim is on disk before any request leaves. A claim a
+-- database crash forgot would send its rows again with no GET first (docs/contract.md, C1).
+-- The settles below do the opposite, on purpose.
 -- params: $1 limit int, $2 owner token uuid, $3 lease_s float8, $4 outbox table text,
 --         $5 scan from timestamptz (NULL: the whole index)
-WITH marks AS (
+WITH durable AS (
+    SELECT CASE WHEN current_setting('synchronous_commit') = 'off'
+                THEN set_config('synchronous_commit', 'on', true) END
+),
+marks AS (
     -- Finite values only: a row parked at 'infinity' bounds nothing, and one at
     -- '-infinity' is claimed by the next full scan.
     SELECT (SELECT min(available_at) FROM @outbox@
@@ -93,7 +103,7 @@ SELECT claimed.*, NULL::timestamptz AS head, NULL::timestamptz AS writers_since
 FROM claimed
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, marks.head, marks.writers_since
-FROM marks;
+FROM marks, durable;
 
 -- name: settle_published
 -- Mark rows the sink accepted. Fenced: only the claim's owner token may settle (C3).

@@ -196,16 +196,25 @@ _LAZY_WINDOW = {"wal_writer_delay": "10s", "bgwriter_lru_maxpages": "0", "autova
 
 
 async def _crash_between_the_post_and_its_settle(
-    own_server: OwnServer, base: Path, point: str, mutant: str | None = None
+    own_server: OwnServer,
+    base: Path,
+    point: str,
+    *,
+    mutant: str | None = None,
+    synchronous_commit: str = "on",
 ) -> int:
     """A relay with one worker claims 20 rows, POSTs them to a sink that overwrites a reused
     id, and dies (SIGKILL) at `point`, before or after the settle; PostgreSQL is killed
     with `-m immediate` at once and restarted. A second relay takes over once the leases end
-    and every row is published, none created twice. Returns how many rows the restarted
-    server showed as published before the successor ran."""
+    and every row is published, none created twice. `synchronous_commit` is the database's
+    default for every session. Returns how many rows the restarted server showed as
+    published before the successor ran."""
     admin = await asyncpg.connect(own_server.dsn)
     try:
         await admin.execute("CREATE DATABASE relayd_crash")
+        await admin.execute(
+            f"ALTER DATABASE relayd_crash SET synchronous_commit = {synchronous_commit}"
+        )
         for name, value in _LAZY_WINDOW.items():
             await admin.execute(f"ALTER SYSTEM SET {name} = '{value}'")
         await admin.execute("SELECT pg_reload_conf()")
@@ -216,6 +225,9 @@ async def _crash_between_the_post_and_its_settle(
     await asyncio.to_thread(base.mkdir, parents=True, exist_ok=True)
     async with make_scene(base, dsn) as scene:
         scene.mutant = mutant
+        # The application's commits stay durable here: it is relayd's sessions that inherit
+        # the database's setting, and a lost row would prove nothing about relayd.
+        await scene.conn.execute("SET synchronous_commit = on")
         await scene.start_sink(*OVERWRITE)
         # Its heartbeat is a durable commit that would flush a lazy one: not in this window.
         doomed = await scene.relay(
@@ -245,14 +257,18 @@ async def _crash_between_the_post_and_its_settle(
 
 
 @pytest.mark.parametrize("point", ["before_settle", "after_settle"])
+@pytest.mark.parametrize("synchronous_commit", ["on", "off"])
 async def test_postgres_crashes_between_the_post_and_its_settle(
-    own_server: OwnServer, tmp_path: Path, point: str
+    own_server: OwnServer, tmp_path: Path, point: str, synchronous_commit: str
 ) -> None:
     """The claim is durable and the settles are lazy (docs/contract.md, C1): a crash right
     after the POST, before or after the settle, leaves the rows claimed, and the successor
     reconciles each with a GET instead of creating it again. After the settle, the crash
-    forgets it: the proof that the settle did not wait for its WAL flush."""
-    kept = await _crash_between_the_post_and_its_settle(own_server, tmp_path / "scene", point)
+    forgets it: the proof that the settle did not wait for its WAL flush. The claim stays
+    durable on a database whose sessions have synchronous_commit off."""
+    kept = await _crash_between_the_post_and_its_settle(
+        own_server, tmp_path / "scene", point, synchronous_commit=synchronous_commit
+    )
     assert kept == 0, f"{kept} rows kept their settle through the crash"
 
 
