@@ -41,6 +41,7 @@ from relayd.models import (
 from relayd.sinks import Capabilities, ExchangeObserver, SinkHealth
 from relayd.sinks.nats_answers import (
     Duplicate,
+    PublishRefused,
     classify_ack,
     classify_batch_event,
     classify_exception,
@@ -179,7 +180,7 @@ class NatsSink:
         if client is None or isinstance(client, SinkDown):
             return outcomes
         if piped:
-            outcomes.update(await self._pipeline(client, piped, send_by))
+            outcomes.update(await self._pipeline(piped, send_by))
         if alone:
             # Each row runs to its end before a failure of relayd's own is raised.
             results = await asyncio.gather(
@@ -202,10 +203,8 @@ class NatsSink:
         client = await self._connection.get()
         if isinstance(client, SinkDown):
             return False, client.error
-        account = await self._api(client, "account_info", f"{API_PREFIX}.INFO", b"")
-        stream = await self._api(
-            client, "stream_info", f"{API_PREFIX}.STREAM.INFO.{self._stream}", b""
-        )
+        account = await self._api("account_info", f"{API_PREFIX}.INFO", b"")
+        stream = await self._api("stream_info", f"{API_PREFIX}.STREAM.INFO.{self._stream}", b"")
         return stream_verdict(
             account,
             stream,
@@ -230,7 +229,7 @@ class NatsSink:
         refused = self._over_max_payload(client, message)
         if refused is not None:
             return self._noted(refused) if isinstance(refused, SinkDown) else refused
-        return await self._mode(client, row, message, send_by)
+        return await self._mode(row, message, send_by)
 
     async def _send(
         self, client: Client, row: ClaimedRow, message: NatsMessage, mode: Mode, send_by: float
@@ -241,13 +240,13 @@ class NatsSink:
         if mode is Mode.ATOMIC_MARKER:
             outcome = await self._publish_batch(client, message, row.event_id, send_by)
         elif mode is Mode.ID_IN_SUBJECT:
-            outcome = await self._publish_one(client, expecting_new_subject(message), row.event_id)
+            outcome = await self._publish_one(expecting_new_subject(message), row.event_id)
         else:
-            outcome = await self._publish_one(client, message, row.event_id)
+            outcome = await self._publish_one(message, row.event_id)
         return self._noted(outcome)
 
     async def _pipeline(
-        self, client: Client, items: Sequence[tuple[ClaimedRow, NatsMessage]], send_by: float
+        self, items: Sequence[tuple[ClaimedRow, NatsMessage]], send_by: float
     ) -> dict[str, Outcome]:
         """Every message written before any PubAck is awaited, then each answered on its
         own within sink.timeout_s; a message without an answer by then is ambiguous (the
@@ -276,37 +275,43 @@ class NatsSink:
             for _, _, future in waiting:
                 if not future.done():
                     self._note("publish", "timeout")  # the attempt's deadline cut it
+                elif not future.cancelled():
+                    future.exception()  # retrieved: a refusal has no one else to read it
                 future.cancel()
             raise
         for row, message, future in waiting:
-            if not future.done():
-                future.cancel()
-                self._note("publish", "timeout")
-                reply: Msg | Outcome = classify_exception(
-                    nats.errors.TimeoutError(), subject=message.subject
-                )
-            elif no_responders(future.result()):
-                self._note("publish", "no_responders")
-                reply = classify_exception(nats.errors.NoRespondersError(), subject=message.subject)
-            else:
-                reply = future.result()
+            reply = self._piped_reply(message, future)
             outcomes[row.event_id] = self._noted(
                 reply
                 if not isinstance(reply, Msg)
-                else await self._answered(client, reply, message, row.event_id)
+                else await self._answered(reply, message, row.event_id)
             )
         return outcomes
 
-    async def _publish_one(self, client: Client, message: NatsMessage, event_id: str) -> Outcome:
+    def _piped_reply(self, message: NatsMessage, future: asyncio.Future[Msg]) -> Msg | Outcome:
+        """A pipelined publish's reply once the pipeline's wait is over, or what its absence
+        means: no answer in time, a refusal for lack of permission, no responders."""
+        if not future.done():
+            future.cancel()
+            self._note("publish", "timeout")
+            return classify_exception(nats.errors.TimeoutError(), subject=message.subject)
+        failure = future.exception()
+        if failure is not None:  # the server refused the subject (ReplyInbox.refuse)
+            self._note("publish", _failure_code(failure))
+            return classify_exception(failure, subject=message.subject)
+        if no_responders(future.result()):
+            self._note("publish", "no_responders")
+            return classify_exception(nats.errors.NoRespondersError(), subject=message.subject)
+        return future.result()
+
+    async def _publish_one(self, message: NatsMessage, event_id: str) -> Outcome:
         """The event alone; a publish expecting its subject empty learns whether it is."""
-        reply = await self._request(client, message)
+        reply = await self._request(message)
         if not isinstance(reply, Msg):
             return reply
-        return await self._answered(client, reply, message, event_id)
+        return await self._answered(reply, message, event_id)
 
-    async def _answered(
-        self, client: Client, reply: Msg, message: NatsMessage, event_id: str
-    ) -> Outcome:
+    async def _answered(self, reply: Msg, message: NatsMessage, event_id: str) -> Outcome:
         """What the reply to a publish of the event alone means, read back if need be."""
         answer = classify_ack(
             reply.data,
@@ -316,24 +321,22 @@ class NatsSink:
         )
         if isinstance(answer, Duplicate):
             self._note("publish", "duplicate")
-            return await self._read_back(client, answer.seq, message, event_id)
+            return await self._read_back(answer.seq, message, event_id)
         self._note("publish", "ok" if isinstance(answer, Published) else reply_code(reply.data))
         if isinstance(answer, Taken):
             # The event's own subject holds a message: ours, stored by an earlier attempt
             # at any time before, or another's (a conflict).
-            return await self._read_back(client, None, message, event_id)
+            return await self._read_back(None, message, event_id)
         return answer
 
-    async def _mode(
-        self, client: Client, row: ClaimedRow, message: NatsMessage, send_by: float
-    ) -> Mode | Outcome:
+    async def _mode(self, row: ClaimedRow, message: NatsMessage, send_by: float) -> Mode | Outcome:
         """The route's dedupe mode (nats_dedupe), or why the row goes no further: the
         server's facts cannot be read (the sink's failure), or the row is past the window
         and `sink.past_window` dead-letters it (decided, like a re-send's warning, only for
         a row still due to be sent)."""
         if not needs_facts(message.route):
             return Mode.ID_IN_SUBJECT
-        facts = await self._stream_facts(client)
+        facts = await self._stream_facts()
         if isinstance(facts, SinkDown):
             return self._noted(facts)
         mode = mode_for(message.route, facts, marker_prefix=self._settings.marker_prefix)
@@ -366,16 +369,16 @@ class NatsSink:
             self._log.warning("sink.resending_past_window", **fields)
         return None
 
-    async def _request(self, client: Client, message: NatsMessage) -> Msg | Outcome:
+    async def _request(self, message: NatsMessage) -> Msg | Outcome:
         """One publish and its reply, or the outcome of its failure."""
         try:
-            return await client.request(
+            return await self._connection.inbox.request(
                 message.subject,
                 message.body,
-                timeout=self._settings.timeout_s,
-                headers=dict(message.headers),
+                dict(message.headers),
+                timeout_s=self._settings.timeout_s,
             )
-        except nats.errors.Error as exc:
+        except (nats.errors.Error, PublishRefused) as exc:
             self._note("publish", _failure_code(exc))
             return classify_exception(exc, subject=message.subject)
         except asyncio.CancelledError:
@@ -399,7 +402,7 @@ class NatsSink:
         except nats.errors.Error as exc:
             self._note("publish", _failure_code(exc))
             return classify_exception(exc, subject=marker.subject)
-        reply = await self._request(client, event)
+        reply = await self._request(event)
         if not isinstance(reply, Msg):
             return reply
         answer = classify_ack(reply.data, stream=self._stream, subject=event.subject, guarded=True)
@@ -416,26 +419,26 @@ class NatsSink:
                     f"the stream holds this event's id from a publish outside a batch "
                     f"(JetStream error {BATCH_DUPLICATE_ID}); the next attempt sends it alone"
                 )
-            return await self._publish_one(client, message, event_id)
+            return await self._publish_one(message, event_id)
         if isinstance(answer, Duplicate):  # a batch's answer never says so; kept honest
-            return await self._read_back(client, answer.seq, message, event_id)
+            return await self._read_back(answer.seq, message, event_id)
         if not isinstance(answer, Taken):
             return answer
-        return await self._reconcile_batch(client, marker, message, event_id)
+        return await self._reconcile_batch(marker, message, event_id)
 
     async def _reconcile_batch(
-        self, client: Client, marker: NatsMessage, message: NatsMessage, event_id: str
+        self, marker: NatsMessage, message: NatsMessage, event_id: str
     ) -> Outcome:
         """After a batch refused with "wrong last sequence" on its marker."""
         # The batch was refused whole: the marker's subject holds a message. Ours proves
         # that an earlier batch stored the event too, at the next sequence.
-        last_marker = await self._msg_get(client, {"last_by_subj": marker.subject})
+        last_marker = await self._msg_get({"last_by_subj": marker.subject})
         if isinstance(last_marker, SinkDown):
             return last_marker
         found = classify_marker_reply(last_marker, message=message)
         if not isinstance(found, MarkerFound):
             return found
-        stored = await self._msg_get(client, {"seq": found.seq + 1})
+        stored = await self._msg_get({"seq": found.seq + 1})
         if isinstance(stored, SinkDown):
             return stored
         return classify_batch_event(
@@ -461,26 +464,23 @@ class NatsSink:
             )
         return None
 
-    async def _read_back(
-        self, client: Client, seq: int | None, message: NatsMessage, event_id: str
-    ) -> Outcome:
+    async def _read_back(self, seq: int | None, message: NatsMessage, event_id: str) -> Outcome:
         """The message the stream holds at `seq` (the one a duplicate's PubAck names), or
         last on the event's own subject (`seq` None), compared with ours."""
         where = {"seq": seq} if seq is not None else {"last_by_subj": message.subject}
-        reply = await self._msg_get(client, where)
+        reply = await self._msg_get(where)
         if isinstance(reply, SinkDown):
             return reply
         return classify_stored(reply, seq=seq, body=message.body, event_id=event_id)
 
-    async def _msg_get(self, client: Client, request: dict[str, Any]) -> bytes | SinkDown:
+    async def _msg_get(self, request: dict[str, Any]) -> bytes | SinkDown:
         return await self._api(
-            client,
             "msg_get",
             f"{API_PREFIX}.STREAM.MSG.GET.{self._stream}",
             json.dumps(request).encode(),
         )
 
-    async def _stream_facts(self, client: Client) -> StreamFacts | SinkDown:
+    async def _stream_facts(self) -> StreamFacts | SinkDown:
         """The server's API level and the stream's configuration, read when first needed
         and again after `_FACTS_TTL_S`, a reconnect, or an answer that shows them stale;
         concurrent rows share one read."""
@@ -495,10 +495,8 @@ class NatsSink:
             failed = self._facts_failure
             if failed is not None and failed[0] >= asked_at:
                 return failed[1]  # decided while this row waited: shared, not asked again
-            account = await self._api(client, "account_info", f"{API_PREFIX}.INFO", b"")
-            stream = await self._api(
-                client, "stream_info", f"{API_PREFIX}.STREAM.INFO.{self._stream}", b""
-            )
+            account = await self._api("account_info", f"{API_PREFIX}.INFO", b"")
+            stream = await self._api("stream_info", f"{API_PREFIX}.STREAM.INFO.{self._stream}", b"")
             facts = read_facts(account, stream, stream_name=self._stream)
             if isinstance(facts, StreamFacts):
                 self._facts, self._facts_failure = (self._clock() + _FACTS_TTL_S, facts), None
@@ -506,14 +504,14 @@ class NatsSink:
                 self._facts_failure = (self._clock(), facts)
             return facts
 
-    async def _api(
-        self, client: Client, operation: str, subject: str, payload: bytes
-    ) -> bytes | SinkDown:
+    async def _api(self, operation: str, subject: str, payload: bytes) -> bytes | SinkDown:
         """One JetStream API request (`operation` names it for the metric): its reply's
         bytes, or the failure."""
         try:
-            reply = await client.request(subject, payload, timeout=self._settings.timeout_s)
-        except nats.errors.Error as exc:
+            reply = await self._connection.inbox.request(
+                subject, payload, None, timeout_s=self._settings.timeout_s
+            )
+        except (nats.errors.Error, PublishRefused) as exc:
             self._note(operation, _failure_code(exc))
             failure = classify_exception(exc, subject=subject)
             return failure if isinstance(failure, SinkDown) else SinkDown(str(failure))
@@ -547,4 +545,6 @@ def _failure_code(exc: BaseException) -> str:
         return "timeout"
     if isinstance(exc, nats.errors.NoRespondersError):
         return "no_responders"
+    if isinstance(exc, PublishRefused):
+        return "refused"
     return "error"

@@ -9,6 +9,7 @@ was given. The answer to a publish is the only proof that a message is stored.
 from __future__ import annotations
 
 import json
+import re
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -264,12 +265,48 @@ def _facts_or_failure(
     return stream_facts(info, described)
 
 
+# The server's -ERR for a publish its user may not make (nats-server, `Permissions
+# Violation for Publish to "<subject>"`): the connection stays open, the message is dropped
+# and never answered, so the client sees only a timeout. nats-py hands the line to error_cb
+# as a plain client Error.
+_PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]*)"', re.IGNORECASE)
+
+
+def publish_refused(exc: BaseException) -> str | None:
+    """The subject of a publish the server refused for lack of permission, from the error
+    the client reported; None for any other error."""
+    if type(exc) is not nats.errors.Error:
+        return None
+    match = _PUBLISH_REFUSED.search(str(exc))
+    return match[1] if match else None
+
+
+class PublishRefused(Exception):
+    """The server refused a publish to `subject` for lack of permission (its -ERR line,
+    reported on the side): the message was dropped, and no answer will come."""
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(f"permissions violation for publish to {subject}")
+        self.subject = subject
+
+
 def classify_exception(exc: BaseException, *, subject: str) -> Outcome:
     """A failure the client raised while publishing. Every one but a timeout is raised
     before the message is handed to the connection, so nothing can have been stored
     (`reached=False`); a timeout after sending is ambiguous: the next attempt re-sends
-    with the same id, which the stream deduplicates within its duplicate window."""
+    with the same id, which the stream deduplicates within its duplicate window.
+
+    A publish the server refused for lack of permission needs an operator (severe: the
+    breaker opens at once, the attempt is refunded). It stays counted as reached: the
+    refusal names a subject, not a message, and a permission granted meanwhile could have
+    let this very message in."""
     name = type(exc).__name__
+    if isinstance(exc, PublishRefused):
+        return SinkDown(
+            f"the server refuses publishes to {subject} (permissions violation): grant "
+            "relayd's NATS user publish permission on it (docs/operations.md#nats)",
+            severe=True,
+        )
     if isinstance(exc, nats.errors.NoRespondersError | nats.js.errors.NoStreamResponseError):
         return SinkDown(
             f"no responders on {subject}: no stream stores it, or JetStream is not ready "

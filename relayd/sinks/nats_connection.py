@@ -24,7 +24,7 @@ from structlog.typing import FilteringBoundLogger
 from relayd import __version__
 from relayd.models import SinkDown
 from relayd.sinks import ExchangeObserver
-from relayd.sinks.nats_answers import classify_connect_failure
+from relayd.sinks.nats_answers import PublishRefused, classify_connect_failure, publish_refused
 from relayd.sinks.nats_settings import NatsSettings
 
 # How often the client pings an idle connection, and how many pings may go unanswered: a
@@ -45,7 +45,8 @@ class ReplyInbox:
         self._client = client
         self._prefix = client.new_inbox()
         self._skip = len(self._prefix) + 1
-        self._waiting: dict[str, asyncio.Future[Msg]] = {}
+        # By reply token: the future of the publish's reply, and the subject it went to.
+        self._waiting: dict[str, tuple[asyncio.Future[Msg], str]] = {}
         self._counter = 0
 
     async def start(self) -> None:
@@ -58,7 +59,7 @@ class ReplyInbox:
         self._counter += 1
         token = str(self._counter)
         future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self._waiting[token] = future
+        self._waiting[token] = (future, subject)
         try:
             await self._client.publish(
                 subject, body, reply=f"{self._prefix}.{token}", headers=headers
@@ -69,10 +70,33 @@ class ReplyInbox:
         future.add_done_callback(lambda _: self._waiting.pop(token, None))
         return future
 
+    async def request(
+        self, subject: str, body: bytes, headers: dict[str, str] | None, *, timeout_s: float
+    ) -> Msg:
+        """One publish and its reply, as nats-py's `request` (the same errors: a timeout,
+        no responders), and `PublishRefused` as soon as the server refuses the subject."""
+        future = await self.send(subject, body, headers or {})
+        try:
+            async with asyncio.timeout(timeout_s):
+                reply = await future
+        except TimeoutError:
+            raise nats.errors.TimeoutError from None
+        if no_responders(reply):
+            raise nats.errors.NoRespondersError
+        return reply
+
+    def refuse(self, subject: str) -> None:
+        """The server refused a publish to `subject` for lack of permission: every publish
+        to it still waiting fails now with `PublishRefused`, rather than at its deadline
+        (the server drops such a message unanswered, and says so only on the side)."""
+        for future, sent_to in list(self._waiting.values()):
+            if sent_to == subject and not future.done():
+                future.set_exception(PublishRefused(subject))
+
     async def _reply(self, msg: Msg) -> None:
-        future = self._waiting.pop(msg.subject[self._skip :], None)
-        if future is not None and not future.done():
-            future.set_result(msg)
+        waiting = self._waiting.pop(msg.subject[self._skip :], None)
+        if waiting is not None and not waiting[0].done():
+            waiting[0].set_result(msg)
 
 
 def no_responders(msg: Msg) -> bool:
@@ -240,6 +264,9 @@ class NatsConnection:
         self._log.info("sink.nats_reconnected")
 
     async def _on_error(self, exc: Exception) -> None:
+        subject = publish_refused(exc)
+        if subject is not None and self._inbox is not None:
+            self._inbox.refuse(subject)
         self._last_error = exc
         if classify_connect_failure(exc).severe:
             self._severe_error = exc

@@ -15,6 +15,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -134,6 +135,16 @@ class NatsServer:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def reload(self, config: str) -> None:
+        """Replace the configuration file and signal the server to reload it (SIGHUP), as
+        an operator changing a user's permissions would; the server applies it to the
+        connections it holds. Only for a server started with a configuration."""
+        if self._process is None or not self._config:
+            raise RuntimeError("NatsServer.reload needs a running server started with config")
+        self._config = config
+        (self.base / "nats.conf").write_text(config)
+        self._process.send_signal(signal.SIGHUP)
 
     def close(self) -> None:
         """Stop, and delete the store directory if this object made it."""

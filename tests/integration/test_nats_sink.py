@@ -447,6 +447,51 @@ async def test_the_documented_permissions_are_enough(
     assert reconciled == 1
 
 
+async def test_a_publish_the_user_may_not_make_names_the_permission(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """C5: the relay's NATS user may not publish on the route's subject. The server drops
+    each publish unanswered and says why on the side; the timeout that follows names the
+    permission, opens the breaker at once (severe) and uses no attempt; nothing is
+    dead-lettered. Once the operator grants it (a configuration reload), every event is
+    stored once."""
+    password = tmp_path / "password"
+    password.write_text("relay-pw\n")
+    denied = RELAY_PERMISSIONS.replace('"events.>", ', "")
+    assert denied != RELAY_PERMISSIONS
+    with NatsServer(config=denied) as server:
+        admin = await nats.connect(server.url, user="admin", password="admin-pw")  # noqa: S106 - the test server's own
+        try:
+            await add_stream(admin)
+            ids = await commit(conn, [event(n) for n in range(10)])
+            settings = nats_settings(
+                database.dsn, server.url, user="relayd", password_file=str(password)
+            )
+            with structlog.testing.capture_logs() as logs:
+                async with running(settings):
+
+                    async def named() -> bool:
+                        errors = await conn.fetch("SELECT last_error FROM relayd.outbox")
+                        return any(
+                            "refuses publishes to events.orders (permissions violation)"
+                            in (row["last_error"] or "")
+                            for row in errors
+                        )
+
+                    await eventually(named)
+                    assert await dead(conn) == {}
+                    assert await pending(conn) == len(ids)
+                    server.reload(RELAY_PERMISSIONS)
+                    await eventually(lambda: drained(conn))
+            assert sorted(m["headers"]["Nats-Msg-Id"] for m in await stored(admin)) == sorted(ids)
+        finally:
+            await admin.close()
+    opened = [e for e in logs if e["event"] == "breaker.opened"]
+    assert opened, "the breaker never opened"
+    assert opened[0]["severe"] is True
+    assert await conn.fetchval("SELECT max(attempts) FROM relayd.outbox") <= 1
+
+
 async def test_the_servers_max_payload_bounds_the_setting_and_each_message(
     database: Database, conn: asyncpg.Connection, tmp_path: Path
 ) -> None:

@@ -17,11 +17,13 @@ from relayd.models import DeadLetter, DeadReason, Published, RetryLater, SinkDow
 from relayd.sinks.nats_answers import (
     ApiError,
     Duplicate,
+    PublishRefused,
     classify_ack,
     classify_api_error,
     classify_connect_failure,
     classify_exception,
     classify_stored,
+    publish_refused,
     reply_code,
     stream_verdict,
 )
@@ -288,6 +290,43 @@ def test_transport_failures_say_whether_the_message_left(exc: Exception, expecte
         assert not outcome.reached
     else:
         assert outcome == expected
+
+
+def test_a_publish_refused_for_lack_of_permission_is_severe() -> None:
+    """The server drops a publish its user may not make, unanswered, and says so on the
+    side (ReplyInbox.refuse): the outcome names the permission, and is severe (an operator
+    must grant it); it stays counted as reached (the refusal names a subject, not this
+    message)."""
+    assert classify_exception(PublishRefused(SUBJECT), subject=SUBJECT) == SinkDown(
+        "the server refuses publishes to events.orders (permissions violation): grant "
+        "relayd's NATS user publish permission on it (docs/operations.md#nats)",
+        severe=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("exc", "subject"),
+    [
+        (
+            nats.errors.Error('nats: Permissions Violation for Publish to "events.orders"'),
+            "events.orders",
+        ),
+        (
+            nats.errors.Error('nats: permissions violation for publish to "events.o.1"'),
+            "events.o.1",
+        ),
+        # Other refusals, and the same words in another error type, name no publish.
+        (nats.errors.Error('nats: Permissions Violation for Subscription to "_INBOX.x"'), None),
+        (nats.errors.Error('nats: Permissions Violation for Publish with Reply of "_R"'), None),
+        (nats.errors.Error("nats: 'Authorization Violation'"), None),
+        (nats.errors.TimeoutError(), None),
+        (ValueError('Permissions Violation for Publish to "events.orders"'), None),
+    ],
+)
+def test_publish_refused_reads_the_subject_of_the_servers_refusal(
+    exc: Exception, subject: str | None
+) -> None:
+    assert publish_refused(exc) == subject
 
 
 @pytest.mark.parametrize(
