@@ -37,9 +37,11 @@ _NO_RESPONDERS = "503"
 
 
 class ReplyInbox:
-    """One subscription, on `<inbox>.*`, for the replies to pipelined publishes: each
-    publish names its own reply subject and waits on a future of its own. No timer per
-    message: the caller waits for a whole pipeline under one deadline."""
+    """One subscription, on `<inbox>.*`, for the replies to every publish and API request:
+    each names its own reply subject and waits on a future of its own. No timer per
+    message in a pipeline (`send`): the caller waits for the whole pipeline under one
+    deadline; `request` is one exchange under its own. A refusal the server reports on the
+    side (`refuse`) fails the futures it concerns at once."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
