@@ -373,10 +373,7 @@ class NatsSink:
         """One publish and its reply, or the outcome of its failure."""
         try:
             return await self._connection.inbox.request(
-                message.subject,
-                message.body,
-                dict(message.headers),
-                timeout_s=self._settings.timeout_s,
+                message.subject, message.body, message.headers, timeout_s=self._settings.timeout_s
             )
         except (nats.errors.Error, PublishRefused) as exc:
             self._note("publish", _failure_code(exc))

@@ -105,19 +105,24 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, marks.head, marks.writers_since
 FROM marks, durable;
 
--- name: settle_published
--- Mark rows the sink accepted. Fenced: only the claim's owner token may settle (C3).
--- Lazy commit, as in every settle (settle_retry, settle_dead, release): `lazy` turns
--- synchronous_commit off for this statement's own transaction, so its commit returns
+-- fragment: lazy_commit
+-- Every settle (settle_published, settle_retry, settle_dead, release) begins with
+-- `WITH lazy AS @lazy_commit@` and joins `lazy` in its last SELECT, so that it is evaluated:
+-- synchronous_commit off for the statement's own transaction, whose commit then returns
 -- without waiting for the WAL flush. A settle a database crash forgets leaves its rows
 -- claimed, as the durable claim recorded them: they fall due when the lease expires and the
 -- next attempt reconciles before it sends again (docs/contract.md, C1). A claim never does
 -- this: it must be on disk before a request leaves. Any later durable commit (the next
 -- claim) flushes the WAL up to itself, settles included.
+SELECT set_config('synchronous_commit', 'off', true)
+
+-- name: settle_published
+-- Mark rows the sink accepted. Fenced: only the claim's owner token may settle (C3).
+-- Lazy commit (the fragment lazy_commit says why).
 -- params: $1 owner token uuid, $2 event ids uuid[], $3 sink states text[]
 -- Returns NULL when every row was still this owner's (the usual case: nothing to decode),
 -- else the ids it did update.
-WITH lazy AS (SELECT set_config('synchronous_commit', 'off', true)),
+WITH lazy AS @lazy_commit@,
 settled AS (
     UPDATE @outbox@ AS o
     SET published_at = now(),
@@ -140,7 +145,7 @@ FROM settled, lazy;
 --         $4 errors text[], $5 refunds int[] (0 or 1)
 -- Returns NULL when every row was still this owner's (the usual case: nothing to decode),
 -- else the ids it did update.
-WITH lazy AS (SELECT set_config('synchronous_commit', 'off', true)),
+WITH lazy AS @lazy_commit@,
 settled AS (
     UPDATE @outbox@ AS o
     SET lease_owner = NULL,
@@ -160,7 +165,7 @@ FROM settled, lazy;
 -- params: $1 owner token uuid, $2 event ids uuid[], $3 reasons text[], $4 errors text[]
 -- Returns NULL when every row was still this owner's (the usual case: nothing to decode),
 -- else the ids it did update.
-WITH lazy AS (SELECT set_config('synchronous_commit', 'off', true)),
+WITH lazy AS @lazy_commit@,
 settled AS (
     UPDATE @outbox@ AS o
     SET lease_owner = NULL,
@@ -183,7 +188,7 @@ FROM settled, lazy;
 -- params: $1 owner token uuid, $2 event ids uuid[], $3 previous attempt times timestamptz[]
 -- Returns NULL when every row was still this owner's (the usual case: nothing to decode),
 -- else the ids it did update.
-WITH lazy AS (SELECT set_config('synchronous_commit', 'off', true)),
+WITH lazy AS @lazy_commit@,
 settled AS (
     UPDATE @outbox@ AS o
     SET lease_owner = NULL,
