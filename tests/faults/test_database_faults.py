@@ -12,7 +12,7 @@ import re
 import signal
 import subprocess
 import warnings
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +123,32 @@ class OwnServer:
     def running(self) -> bool:
         return (self.data / "postmaster.pid").exists()
 
+    async def database(self, *statements: str) -> str:
+        """A migrated database, `relayd_crash`, on this server (the superuser runs
+        `statements` once it exists); its DSN."""
+        admin = await asyncpg.connect(self.dsn)
+        try:
+            await admin.execute("CREATE DATABASE relayd_crash")
+            for statement in statements:
+                await admin.execute(statement)
+        finally:
+            await admin.close()
+        dsn = re.sub(r"/postgres\?", "/relayd_crash?", self.dsn)
+        await connect_and_migrate(dsn, DEFAULT_TABLE)
+        return dsn
+
+
+@contextlib.asynccontextmanager
+async def _reconnected(scene: Scene, dsn: str) -> AsyncIterator[None]:
+    """The scene's connection replaced by a new one (a restart cut the old), then given back
+    for the harness to close."""
+    crashed, scene.conn = scene.conn, await asyncpg.connect(dsn)
+    try:
+        yield
+    finally:
+        await scene.conn.close()
+        scene.conn = crashed
+
 
 def _is_root() -> bool:
     import os  # noqa: PLC0415
@@ -153,13 +179,7 @@ async def test_postgres_stopped_immediately_then_restarted(
     keeps running through the outage and publishes everything after the restart. The server
     keeps fsync and synchronous commits on: a claim it acknowledged survives the crash, so
     no row is sent twice without the GET that reconciles it."""
-    admin = await asyncpg.connect(own_server.dsn)
-    try:
-        await admin.execute("CREATE DATABASE relayd_crash")
-    finally:
-        await admin.close()
-    dsn = re.sub(r"/postgres\?", "/relayd_crash?", own_server.dsn)
-    await connect_and_migrate(dsn, DEFAULT_TABLE)
+    dsn = await own_server.database()
     async with make_scene(tmp_path / "scene", dsn) as scene:
         (tmp_path / "scene").mkdir(exist_ok=True)
         await scene.start_sink(*OVERWRITE)
@@ -170,8 +190,7 @@ async def test_postgres_stopped_immediately_then_restarted(
         await asyncio.sleep(2.0)  # the outage must last a while
         assert relay.returncode is None
         await own_server.start()
-        crashed, scene.conn = scene.conn, await asyncpg.connect(dsn)
-        try:
+        async with _reconnected(scene, dsn):
             second = await scene.produce(100)
             await scene.drained()
             assert await scene.published() == len(first) + len(second)
@@ -180,9 +199,6 @@ async def test_postgres_stopped_immediately_then_restarted(
             _crash_free(relay)
             assert "database_unavailable" in relay.log()
             await scene.check()
-        finally:
-            await scene.conn.close()
-            scene.conn = crashed  # the harness closes its own
 
 
 # --- 2b. the server crashes between a POST and its settle --------------------------------
@@ -209,19 +225,11 @@ async def _crash_between_the_post_and_its_settle(
     and every row is published, none created twice. `synchronous_commit` is the database's
     default for every session. Returns how many rows the restarted server showed as
     published before the successor ran."""
-    admin = await asyncpg.connect(own_server.dsn)
-    try:
-        await admin.execute("CREATE DATABASE relayd_crash")
-        await admin.execute(
-            f"ALTER DATABASE relayd_crash SET synchronous_commit = {synchronous_commit}"
-        )
-        for name, value in _LAZY_WINDOW.items():
-            await admin.execute(f"ALTER SYSTEM SET {name} = '{value}'")
-        await admin.execute("SELECT pg_reload_conf()")
-    finally:
-        await admin.close()
-    dsn = re.sub(r"/postgres\?", "/relayd_crash?", own_server.dsn)
-    await connect_and_migrate(dsn, DEFAULT_TABLE)
+    dsn = await own_server.database(
+        f"ALTER DATABASE relayd_crash SET synchronous_commit = {synchronous_commit}",
+        *(f"ALTER SYSTEM SET {name} = '{value}'" for name, value in _LAZY_WINDOW.items()),
+        "SELECT pg_reload_conf()",
+    )
     await asyncio.to_thread(base.mkdir, parents=True, exist_ok=True)
     async with make_scene(base, dsn) as scene:
         scene.mutant = mutant
@@ -240,8 +248,7 @@ async def _crash_between_the_post_and_its_settle(
         assert await doomed.wait() == -signal.SIGKILL
         await own_server.crash()
         await own_server.start()
-        crashed, scene.conn = scene.conn, await asyncpg.connect(dsn)
-        try:
+        async with _reconnected(scene, dsn):
             kept = await scene.published()
             await scene.expire_leases()
             heir = await scene.relay("heir")
@@ -250,9 +257,6 @@ async def _crash_between_the_post_and_its_settle(
             assert await heir.stop() == 0
             assert await scene.dead() == {}
             await scene.check()  # "duplicated" if a row was created twice on the sink
-        finally:
-            await scene.conn.close()
-            scene.conn = crashed  # the harness closes its own
     return kept
 
 
