@@ -27,6 +27,7 @@ Baseline: the same measurement at the lower rate (1,000 rows/s); the headline is
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ import asyncpg
 
 from bench.harness import (
     Bench,
+    Relays,
     drain_timeout_s,
     drop_outbox,
     new_outbox,
@@ -45,7 +47,16 @@ from bench.harness import (
     start_relays,
     wait_drained,
 )
-from bench.measure import Result, percentile, ratio, warnings_line
+from bench.measure import (
+    Result,
+    machine_busy_s,
+    percentile,
+    pg_cpu_s,
+    pids_cpu_s,
+    process_cpu_s,
+    ratio,
+    warnings_line,
+)
 from relayd.models import OutboxTable
 from relayd.producer import enqueue_many, new_job
 
@@ -65,12 +76,13 @@ def ojs_job(index: int, n: int) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Target:
     """Where the relay publishes and what the producers commit: the relay's settings `key`
-    (bench/settings.py), the RELAYD_SINK__* variables of its sink (None: the emulator), and
-    the envelope of row `n` of producer `index`."""
+    (bench/settings.py), the RELAYD_SINK__* variables of its sink (None: the emulator), the
+    envelope of row `n` of producer `index`, and the sink's process."""
 
     key: str = NAME
     sink: Mapping[str, str] | None = None
     make_job: Callable[[int, int], dict[str, Any]] = ojs_job
+    sink_pid: int | None = None  # the sink's process, for its CPU (None: the emulator)
 
 
 @dataclass(frozen=True)
@@ -129,6 +141,10 @@ async def measure(
     ):
         producers = [await asyncpg.connect(bench.dsn) for _ in range(PRODUCERS)]
         try:
+            producer_pids = [conn.get_server_pid() for conn in producers]
+            sink_pid = bench.emulator_pid if target.sink_pid is None else target.sink_pid
+            split = CpuSplit(bench, relays, producer_pids, sink_pid)
+            before = await split.read(producers[0])
             cpu0 = relays.cpu_s()
             start_at = asyncio.get_running_loop().time()
             schedule = Schedule(rate, start_at, start_at + seconds)
@@ -137,6 +153,7 @@ async def measure(
                     group.create_task(_producer(conn, table, i, schedule, target.make_job))
                     for i, conn in enumerate(producers)
                 ]
+            cores = split.cores(before, await split.read(producers[0]))
         finally:
             for conn in producers:
                 await conn.close()
@@ -152,6 +169,9 @@ async def measure(
             await require_no_dead_letters(conn, table)
             lags = await _lags_ms(conn, table)
             slowest = await _slowest_seconds(conn, table)
+            settles = await conn.fetchval(
+                f"SELECT count(DISTINCT xmin::text) FROM {table.qualified}"
+            )
         finally:
             await conn.close()
         warnings = relays.warnings()
@@ -174,8 +194,76 @@ async def measure(
         "drain_after_producers_s": round(tail_s, 2),
         "relay_cpu_share": round(cpu_s / (seconds + tail_s), 3),
         "slowest_seconds": slowest,
+        "rows_per_settle": round(produced / max(settles, 1), 1),
+        "cpu_cores": cores,
         "relay_warnings": warnings,
     }
+
+
+@dataclass(frozen=True)
+class CpuReading:
+    """CPU seconds so far, by whom (see CpuSplit)."""
+
+    at: float
+    machine: float
+    relayd: float
+    this_process: float
+    sink: float
+    postgres: float
+    backends: dict[int, float]
+    relayd_backends: frozenset[int]
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    """Where the CPU went while the producers ran, in cores (CPU seconds per second): the
+    machine's busy time, relayd's process, the PostgreSQL backends of relayd's connections
+    (application_name relayd*), the producers (this process and their backends), the sink's
+    process, and the rest of PostgreSQL (its background processes and backends that came and
+    went). A machine near its core count is a queue for CPU, whoever is in it."""
+
+    bench: Bench
+    relays: Relays
+    producer_pids: list[int]
+    sink_pid: int
+
+    async def read(self, conn: asyncpg.Connection) -> CpuReading:
+        relayd_pids = [
+            r["pid"]
+            for r in await conn.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'relayd%'"
+            )
+        ]
+        return CpuReading(
+            at=time.perf_counter(),
+            machine=machine_busy_s(),
+            relayd=self.relays.cpu_s(),
+            this_process=time.process_time(),
+            sink=process_cpu_s(self.sink_pid),
+            postgres=pg_cpu_s(self.bench.postmaster_pid),
+            backends=pids_cpu_s([*relayd_pids, *self.producer_pids]),
+            relayd_backends=frozenset(relayd_pids),
+        )
+
+    def cores(self, before: CpuReading, after: CpuReading) -> dict[str, float]:
+        seconds = after.at - before.at
+
+        def used(pids: frozenset[int] | list[int]) -> float:
+            # A backend that started in the window began at 0; one that ended is left out
+            # (its time is in PostgreSQL's total, so in "postgres_other").
+            return sum(after.backends.get(p, 0.0) - before.backends.get(p, 0.0) for p in pids)
+
+        relayd_pg = used(after.relayd_backends)
+        producers_pg = used(self.producer_pids)
+        cores = {
+            "machine_busy": after.machine - before.machine,
+            "relayd": after.relayd - before.relayd,
+            "relayd_postgres": relayd_pg,
+            "producers": after.this_process - before.this_process + producers_pg,
+            "sink": after.sink - before.sink,
+            "postgres_other": after.postgres - before.postgres - relayd_pg - producers_pg,
+        }
+        return {name: round(value / seconds, 3) for name, value in cores.items()}
 
 
 PRODUCER_XID = "bench_producer_xid"
@@ -264,6 +352,20 @@ def split_lines(results: Mapping[int, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def cpu_lines(results: Mapping[int, Mapping[str, Any]]) -> list[str]:
+    """Where the CPU went at each rate (CpuSplit), in cores of the machine's."""
+    lines = []
+    for rate, f in results.items():
+        c = f["cpu_cores"]
+        lines.append(
+            f"{rate:,} rows/s: CPU busy {c['machine_busy']:.2f} of {os.cpu_count()} cores: "
+            f"relayd {c['relayd']:.2f} + its PostgreSQL {c['relayd_postgres']:.2f}, "
+            f"producers {c['producers']:.2f}, sink {c['sink']:.2f}, rest of PostgreSQL "
+            f"{c['postgres_other']:.2f}; {f['rows_per_settle']:.0f} rows per settle"
+        )
+    return lines
+
+
 async def run(bench: Bench) -> Result:
     seconds = SECONDS["quick" if bench.quick else "full"]
     results = {rate: await measure(bench, rate, seconds) for rate in RATES}
@@ -280,6 +382,7 @@ async def run(bench: Bench) -> Result:
             f"{ratio(f['p99_ms'], base['p99_ms']):>12.2f}x{f['producer_txn_p99_ms']:>21.1f}"
         )
     summary += split_lines(results)
+    summary += cpu_lines(results)
     for rate, f in results.items():
         worst = f["slowest_seconds"][0] if f["slowest_seconds"] else None
         if worst is not None:

@@ -108,6 +108,23 @@ def pg_cpu_s(postmaster: int) -> float:
     raise BenchError("PostgreSQL's CPU time would not hold still (its children keep exiting)")
 
 
+def machine_busy_s() -> float:
+    """CPU seconds every core of the machine has spent busy since boot (/proc/stat's `cpu`
+    line: everything but idle and iowait), whatever process it ran."""
+    fields = Path("/proc/stat").read_text(encoding="ascii").splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / _CLOCK_TICKS
+
+
+def pids_cpu_s(pids: Sequence[int]) -> dict[int, float]:
+    """`process_cpu_s` of each pid that still runs (an exited one is left out)."""
+    seconds: dict[int, float] = {}
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            seconds[pid] = process_cpu_s(pid)
+    return seconds
+
+
 def _status_kib(pid: int, key: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text(encoding="ascii").splitlines():
         if line.startswith(key + ":"):

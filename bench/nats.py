@@ -210,7 +210,9 @@ async def run(bench: Bench) -> Result:
         client = await client_pipeline(bench, server, js, rows)
         loop = await drain_loop(bench, server, js, loop_rows)
         relayd = await drain_relayd(bench, server, js, rows)
-        target = lag.Target(key=NAME, sink=sink_env(server), make_job=event_job)
+        target = lag.Target(
+            key=NAME, sink=sink_env(server), make_job=event_job, sink_pid=server.pid
+        )
         lags = {rate: await lag.measure(bench, rate, seconds, target) for rate in lag.RATES}
     low, high = lag.RATES
     relay_us = relayd.figures()["relay_cpu_us_per_row"]
@@ -248,6 +250,7 @@ async def run(bench: Bench) -> Result:
         )
         summary += [f"{rate:,} rows/s: {line}" for line in warnings_line(f["relay_warnings"])]
     summary += lag.split_lines(lags)
+    summary += lag.cpu_lines(lags)
     summary += warnings_line(relayd.relay_warnings)
     return Result(
         scenario=NAME,

@@ -41,7 +41,7 @@ from relayd.models import (
 from relayd.sinks import Capabilities, ExchangeObserver, SinkHealth
 from relayd.sinks.nats_answers import (
     Duplicate,
-    PublishRefused,
+    Refused,
     classify_ack,
     classify_batch_event,
     classify_exception,
@@ -262,7 +262,7 @@ class NatsSink:
                     continue
                 try:
                     future = await inbox.send(message.subject, message.body, message.headers)
-                except nats.errors.Error as exc:
+                except (nats.errors.Error, Refused) as exc:
                     self._note("publish", _failure_code(exc))
                     outcomes[row.event_id] = self._noted(
                         classify_exception(exc, subject=message.subject)
@@ -375,7 +375,7 @@ class NatsSink:
             return await self._connection.inbox.request(
                 message.subject, message.body, message.headers, timeout_s=self._settings.timeout_s
             )
-        except (nats.errors.Error, PublishRefused) as exc:
+        except (nats.errors.Error, Refused) as exc:
             self._note("publish", _failure_code(exc))
             return classify_exception(exc, subject=message.subject)
         except asyncio.CancelledError:
@@ -508,7 +508,7 @@ class NatsSink:
             reply = await self._connection.inbox.request(
                 subject, payload, None, timeout_s=self._settings.timeout_s
             )
-        except (nats.errors.Error, PublishRefused) as exc:
+        except (nats.errors.Error, Refused) as exc:
             self._note(operation, _failure_code(exc))
             failure = classify_exception(exc, subject=subject)
             return failure if isinstance(failure, SinkDown) else SinkDown(str(failure))
@@ -542,6 +542,6 @@ def _failure_code(exc: BaseException) -> str:
         return "timeout"
     if isinstance(exc, nats.errors.NoRespondersError):
         return "no_responders"
-    if isinstance(exc, PublishRefused):
+    if isinstance(exc, Refused):
         return "refused"
     return "error"

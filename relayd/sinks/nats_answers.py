@@ -272,22 +272,56 @@ def _facts_or_failure(
 _PUBLISH_REFUSED = re.compile(r'permissions violation for publish to "([^"]*)"', re.IGNORECASE)
 
 
+# The same for a subscription (`Permissions Violation for Subscription to "<subject>"`):
+# the server keeps the connection and delivers nothing to the refused subscription.
+_SUBSCRIBE_REFUSED = re.compile(
+    r'permissions violation for subscription to "([^"]*)"', re.IGNORECASE
+)
+
+
 def publish_refused(exc: BaseException) -> str | None:
     """The subject of a publish the server refused for lack of permission, from the error
     the client reported; None for any other error."""
+    return _refused_subject(_PUBLISH_REFUSED, exc)
+
+
+def subscribe_refused(exc: BaseException) -> str | None:
+    """The subject of a subscription the server refused for lack of permission, from the
+    error the client reported; None for any other error."""
+    return _refused_subject(_SUBSCRIBE_REFUSED, exc)
+
+
+def _refused_subject(pattern: re.Pattern[str], exc: BaseException) -> str | None:
     if type(exc) is not nats.errors.Error:
         return None
-    match = _PUBLISH_REFUSED.search(str(exc))
+    match = pattern.search(str(exc))
     return match[1] if match else None
 
 
-class PublishRefused(Exception):
+class Refused(Exception):
+    """The server refused something for lack of permission: an operator must grant it."""
+
+    def __init__(self, message: str, subject: str) -> None:
+        super().__init__(message)
+        self.subject = subject
+
+
+class PublishRefused(Refused):
     """The server refused a publish to `subject` for lack of permission (its -ERR line,
     reported on the side): the message was dropped, and no answer will come."""
 
     def __init__(self, subject: str) -> None:
-        super().__init__(f"permissions violation for publish to {subject}")
-        self.subject = subject
+        super().__init__(f"permissions violation for publish to {subject}", subject)
+
+
+class InboxRefused(Refused):
+    """The server refused relayd's subscription to its reply subject `subject`: no PubAck
+    and no API answer can reach relayd. `sent` says whether the request it fails was
+    written before the refusal was known (then the server may have stored it)."""
+
+    def __init__(self, subject: str, *, sent: bool) -> None:
+        super().__init__(f"permissions violation for subscription to {subject}", subject)
+        self.sent = sent
 
 
 def classify_exception(exc: BaseException, *, subject: str) -> Outcome:
@@ -299,12 +333,22 @@ def classify_exception(exc: BaseException, *, subject: str) -> Outcome:
     A publish the server refused for lack of permission needs an operator (severe: the
     breaker opens at once, the attempt is refunded). It stays counted as reached: the
     refusal names a subject, not a message, and a permission granted meanwhile could have
-    let this very message in."""
+    let this very message in. A refused reply subscription is severe too: reached if the
+    message was written before the refusal was known (it may be stored, unanswered), not
+    reached if it was never written."""
     name = type(exc).__name__
     if isinstance(exc, PublishRefused):
         return SinkDown(
             f"the server refuses publishes to {subject} (permissions violation): grant "
             "relayd's NATS user publish permission on it (docs/operations.md#nats)",
+            severe=True,
+        )
+    if isinstance(exc, InboxRefused):
+        return SinkDown(
+            f"the server refuses relayd's subscription to its replies ({exc.subject}; "
+            "permissions violation), so no answer can reach it: grant relayd's NATS user "
+            "subscribe permission on _INBOX.> (docs/operations.md#nats)",
+            reached=exc.sent,
             severe=True,
         )
     if isinstance(exc, nats.errors.NoRespondersError | nats.js.errors.NoStreamResponseError):

@@ -24,7 +24,14 @@ from structlog.typing import FilteringBoundLogger
 from relayd import __version__
 from relayd.models import SinkDown
 from relayd.sinks import ExchangeObserver
-from relayd.sinks.nats_answers import PublishRefused, classify_connect_failure, publish_refused
+from relayd.sinks.nats_answers import (
+    InboxRefused,
+    PublishRefused,
+    classify_connect_failure,
+    classify_exception,
+    publish_refused,
+    subscribe_refused,
+)
 from relayd.sinks.nats_settings import NatsSettings
 
 # How often the client pings an idle connection, and how many pings may go unanswered: a
@@ -41,23 +48,35 @@ class ReplyInbox:
     each names its own reply subject and waits on a future of its own. No timer per
     message in a pipeline (`send`): the caller waits for the whole pipeline under one
     deadline; `request` is one exchange under its own. A refusal the server reports on the
-    side (`refuse`) fails the futures it concerns at once."""
+    side (`refuse`, `refuse_subscription`) fails the futures it concerns at once."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
         self._prefix = client.new_inbox()
+        self._subject = f"{self._prefix}.*"
         self._skip = len(self._prefix) + 1
         # By reply token: the future of the publish's reply, and the subject it went to.
         self._waiting: dict[str, tuple[asyncio.Future[Msg], str]] = {}
         self._counter = 0
+        # The subscription's subject once the server refused it: nothing more is sent.
+        self.refused: str | None = None
 
     async def start(self) -> None:
-        # Resubscribed by the client after a reconnect, like any subscription.
-        await self._client.subscribe(f"{self._prefix}.*", cb=self._reply)
+        """Subscribe, and learn whether the server allows it: it answers a subscription it
+        refuses with an error on the side, which arrives before the answer to the flush's
+        ping. Raises `InboxRefused` then. (Resubscribed by the client after a reconnect,
+        like any subscription; a refusal then comes to `refuse_subscription`.)"""
+        await self._client.subscribe(self._subject, cb=self._reply)
+        await self._client.flush()
+        if self.refused is not None:
+            raise InboxRefused(self.refused, sent=False)
 
     async def send(self, subject: str, body: bytes, headers: dict[str, str]) -> asyncio.Future[Msg]:
         """Publish with a reply subject of its own; the future gets the reply. Raises what
-        nats-py's publish raises (nothing was sent then)."""
+        nats-py's publish raises, and `InboxRefused` once the server refused the inbox's
+        subscription (nothing was sent then)."""
+        if self.refused is not None:
+            raise InboxRefused(self.refused, sent=False)
         self._counter += 1
         token = str(self._counter)
         future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
@@ -90,10 +109,26 @@ class ReplyInbox:
     def refuse(self, subject: str) -> None:
         """The server refused a publish to `subject` for lack of permission: every publish
         to it still waiting fails now with `PublishRefused`, rather than at its deadline
-        (the server drops such a message unanswered, and says so only on the side)."""
+        (the server drops such a message unanswered, and says so only on the side).
+
+        nats-py lowercases the server's error line, so subjects compare without case: a
+        refusal of `Orders.A` also fails the waiting publishes to `orders.a`, which come
+        back as refused (severe, refunded) and are sent again after the breaker's probe."""
+        wanted = subject.casefold()
         for future, sent_to in list(self._waiting.values()):
-            if sent_to == subject and not future.done():
+            if sent_to.casefold() == wanted and not future.done():
                 future.set_exception(PublishRefused(subject))
+
+    def refuse_subscription(self, subject: str) -> None:
+        """The server refused a subscription to `subject` for lack of permission. If it is
+        this inbox's, no reply can come: every request still waiting fails now with
+        `InboxRefused`, and so does every later `send` (the connection is made anew)."""
+        if subject.casefold() != self._subject.casefold():  # see refuse()
+            return
+        self.refused = subject
+        for future, _ in list(self._waiting.values()):
+            if not future.done():
+                future.set_exception(InboxRefused(subject, sent=True))
 
     async def _reply(self, msg: Msg) -> None:
         waiting = self._waiting.pop(msg.subject[self._skip :], None)
@@ -148,23 +183,31 @@ class NatsConnection:
 
     async def get(self) -> Client | SinkDown:
         """The process's connection, made on first use; after a failure, again on the next
-        use (the breaker spaces those out). Concurrent callers share one attempt."""
+        use (the breaker spaces those out). Concurrent callers share one attempt. A
+        connection whose reply subscription the server refused is replaced: a permission
+        granted since then takes effect on a new subscription."""
         client = self._client
-        if client is not None and not client.is_closed:
+        if client is not None and not client.is_closed and not self._refused():
             return client
         asked_at = self._clock()
         async with self._lock:
             client = self._client
-            if client is not None and not client.is_closed:
+            if client is not None and not client.is_closed and not self._refused():
                 return client
             if self._failure is not None and self._failure[0] >= asked_at:
                 return self._failure[1]
+            if client is not None:
+                self._client, self._inbox = None, None
+                await quietly_close(client)
             made = await self._connect()
             if isinstance(made, SinkDown):
                 self._failure = (self._clock(), made)
                 return made
             self._client, self._failure = made, None
             return made
+
+    def _refused(self) -> bool:
+        return self._inbox is not None and self._inbox.refused is not None
 
     def start(self) -> None:
         """Load the CA bundle now, at start-up, rather than on the first exchange (tens of
@@ -196,15 +239,22 @@ class NatsConnection:
         try:
             async with asyncio.timeout(self._settings.connect_timeout_s):
                 await client.connect(**self._connect_options(client))
-                inbox = ReplyInbox(client)
+                # Known to the error callback before it subscribes: a refusal is its.
+                self._inbox = inbox = ReplyInbox(client)
                 await inbox.start()
+        except InboxRefused as exc:
+            self._inbox = None
+            await quietly_close(client)
+            self._note("error")
+            failure = classify_exception(exc, subject=exc.subject)
+            return failure if isinstance(failure, SinkDown) else SinkDown(str(exc))
         except (TimeoutError, nats.errors.Error, OSError) as exc:
+            self._inbox = None
             # The client tries every server until the timeout, reporting each failure to
             # error_cb: the last of those says why better than the timeout does.
             await quietly_close(client)
             self._note("error")
             return classify_connect_failure(self._severe_error or self._last_error or _cause(exc))
-        self._inbox = inbox
         self._note("ok")
         self._log.info(
             "sink.nats_connected",
@@ -266,9 +316,13 @@ class NatsConnection:
         self._log.info("sink.nats_reconnected")
 
     async def _on_error(self, exc: Exception) -> None:
-        subject = publish_refused(exc)
-        if subject is not None and self._inbox is not None:
-            self._inbox.refuse(subject)
+        if self._inbox is not None:
+            subject = publish_refused(exc)
+            if subject is not None:
+                self._inbox.refuse(subject)
+            subject = subscribe_refused(exc)
+            if subject is not None:
+                self._inbox.refuse_subscription(subject)
         self._last_error = exc
         if classify_connect_failure(exc).severe:
             self._severe_error = exc

@@ -492,6 +492,97 @@ async def test_a_publish_the_user_may_not_make_names_the_permission(
     assert await conn.fetchval("SELECT max(attempts) FROM relayd.outbox") <= 1
 
 
+async def test_a_reply_subscription_the_user_may_not_make_names_the_permission(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """C5: the relay's NATS user may publish but not subscribe to its reply inbox, so no
+    PubAck could reach it. The server says so on the side, at the subscription; relayd
+    learns it before it sends anything: `relayd check` fails naming the permission, the
+    relay opens the breaker at once (severe), sends nothing, uses no attempt and
+    dead-letters nothing. Once the operator grants it (a configuration reload), a new
+    connection subscribes and every event is stored once."""
+    password = tmp_path / "password"
+    password.write_text("relay-pw\n")
+    denied = RELAY_PERMISSIONS.replace(
+        'subscribe: {allow: ["_INBOX.>"]}', 'subscribe: {deny: ["_INBOX.>"]}'
+    )
+    assert denied != RELAY_PERMISSIONS
+    wanted = "subscribe permission on _INBOX.>"
+    with NatsServer(config=denied) as server:
+        admin = await nats.connect(server.url, user="admin", password="admin-pw")  # noqa: S106 - the test server's own
+        try:
+            await add_stream(admin)
+            ids = await commit(conn, [event(n) for n in range(10)])
+            settings = nats_settings(
+                database.dsn, server.url, user="relayd", password_file=str(password)
+            )
+            lines = {line.name: line for line in await run_checks(settings, "test")}
+            assert lines["sink"].verdict is Verdict.FAIL
+            assert wanted in lines["sink"].detail
+            with structlog.testing.capture_logs() as logs:
+                async with running(settings):
+
+                    async def named() -> bool:
+                        errors = await conn.fetch("SELECT last_error FROM relayd.outbox")
+                        return any(wanted in (row["last_error"] or "") for row in errors)
+
+                    await eventually(named)
+                    assert await dead(conn) == {}
+                    assert await pending(conn) == len(ids)
+                    info = await admin.jetstream().stream_info(STREAM)
+                    assert info.state.messages == 0  # nothing was sent
+                    server.reload(RELAY_PERMISSIONS)
+                    await eventually(lambda: drained(conn))
+            assert sorted(m["headers"]["Nats-Msg-Id"] for m in await stored(admin)) == sorted(ids)
+        finally:
+            await admin.close()
+    opened = [e for e in logs if e["event"] == "breaker.opened"]
+    assert opened, "the breaker never opened"
+    assert opened[0]["severe"] is True
+    assert await conn.fetchval("SELECT max(attempts) FROM relayd.outbox") <= 1
+
+
+async def test_a_reply_subscription_revoked_while_running_stops_the_sending(
+    database: Database, conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """The operator revokes the relay's subscribe permission on `_INBOX.>` while it runs
+    (a configuration reload): the server drops the subscription and says so on the side.
+    relayd fails what waits for an answer and sends nothing more on that connection, naming
+    the permission (severe); granted again, a new connection takes over and every event is
+    stored once."""
+    password = tmp_path / "password"
+    password.write_text("relay-pw\n")
+    denied = RELAY_PERMISSIONS.replace(
+        'subscribe: {allow: ["_INBOX.>"]}', 'subscribe: {deny: ["_INBOX.>"]}'
+    )
+    wanted = "subscribe permission on _INBOX.>"
+    with NatsServer(config=RELAY_PERMISSIONS) as server:
+        admin = await nats.connect(server.url, user="admin", password="admin-pw")  # noqa: S106 - the test server's own
+        try:
+            await add_stream(admin)
+            first = await commit(conn, [event(n) for n in range(5)])
+            settings = nats_settings(
+                database.dsn, server.url, user="relayd", password_file=str(password)
+            )
+            async with running(settings):
+                await eventually(lambda: drained(conn))
+                server.reload(denied)
+                later = await commit(conn, [event(n) for n in range(5, 15)])
+
+                async def named() -> bool:
+                    errors = await conn.fetch("SELECT last_error FROM relayd.outbox")
+                    return any(wanted in (row["last_error"] or "") for row in errors)
+
+                await eventually(named)
+                assert await dead(conn) == {}
+                server.reload(RELAY_PERMISSIONS)
+                await eventually(lambda: drained(conn))
+            ids = [m["headers"]["Nats-Msg-Id"] for m in await stored(admin)]
+            assert sorted(ids) == sorted(first + later)
+        finally:
+            await admin.close()
+
+
 async def test_the_servers_max_payload_bounds_the_setting_and_each_message(
     database: Database, conn: asyncpg.Connection, tmp_path: Path
 ) -> None:

@@ -17,6 +17,7 @@ from relayd.models import DeadLetter, DeadReason, Published, RetryLater, SinkDow
 from relayd.sinks.nats_answers import (
     ApiError,
     Duplicate,
+    InboxRefused,
     PublishRefused,
     classify_ack,
     classify_api_error,
@@ -26,6 +27,7 @@ from relayd.sinks.nats_answers import (
     publish_refused,
     reply_code,
     stream_verdict,
+    subscribe_refused,
 )
 from relayd.sinks.nats_dedupe import subject_matches
 
@@ -302,6 +304,41 @@ def test_a_publish_refused_for_lack_of_permission_is_severe() -> None:
         "relayd's NATS user publish permission on it (docs/operations.md#nats)",
         severe=True,
     )
+
+
+@pytest.mark.parametrize("sent", [True, False])
+def test_a_refused_reply_subscription_is_severe(sent: bool) -> None:
+    """The server refused the subscription replies come on: no answer can reach relayd.
+    Severe (an operator must grant it); reached only for a message written before the
+    refusal was known (it may be stored, unanswered)."""
+    inbox = "_INBOX.abc.*"
+    assert classify_exception(InboxRefused(inbox, sent=sent), subject=SUBJECT) == SinkDown(
+        "the server refuses relayd's subscription to its replies (_INBOX.abc.*; permissions "
+        "violation), so no answer can reach it: grant relayd's NATS user subscribe "
+        "permission on _INBOX.> (docs/operations.md#nats)",
+        reached=sent,
+        severe=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("exc", "subject"),
+    [
+        # nats-py lowercases the server's line.
+        (
+            nats.errors.Error('nats: permissions violation for subscription to "_inbox.x.*"'),
+            "_inbox.x.*",
+        ),
+        (nats.errors.Error('nats: Permissions Violation for Subscription to "a.b"'), "a.b"),
+        (nats.errors.Error('nats: Permissions Violation for Publish to "events.orders"'), None),
+        (nats.errors.TimeoutError(), None),
+        (ValueError('Permissions Violation for Subscription to "_INBOX.x.*"'), None),
+    ],
+)
+def test_subscribe_refused_reads_the_subject_of_the_servers_refusal(
+    exc: Exception, subject: str | None
+) -> None:
+    assert subscribe_refused(exc) == subject
 
 
 @pytest.mark.parametrize(
