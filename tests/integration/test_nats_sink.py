@@ -447,14 +447,15 @@ async def test_the_documented_permissions_are_enough(
     assert reconciled == 1
 
 
+@pytest.mark.parametrize("subject", ["events.orders", "events.Orders"])
 async def test_a_publish_the_user_may_not_make_names_the_permission(
-    database: Database, conn: asyncpg.Connection, tmp_path: Path
+    database: Database, conn: asyncpg.Connection, tmp_path: Path, subject: str
 ) -> None:
     """C5: the relay's NATS user may not publish on the route's subject. The server drops
     each publish unanswered and says why on the side; the timeout that follows names the
     permission, opens the breaker at once (severe) and uses no attempt; nothing is
     dead-lettered. Once the operator grants it (a configuration reload), every event is
-    stored once."""
+    stored once. (A subject with capitals: nats-py lowercases the server's line.)"""
     password = tmp_path / "password"
     password.write_text("relay-pw\n")
     denied = RELAY_PERMISSIONS.replace('"events.>", ', "")
@@ -465,7 +466,11 @@ async def test_a_publish_the_user_may_not_make_names_the_permission(
             await add_stream(admin)
             ids = await commit(conn, [event(n) for n in range(10)])
             settings = nats_settings(
-                database.dsn, server.url, user="relayd", password_file=str(password)
+                database.dsn,
+                server.url,
+                user="relayd",
+                password_file=str(password),
+                routes=[{"type": "order.updated", "subject": subject}],
             )
             with structlog.testing.capture_logs() as logs:
                 async with running(settings):
@@ -473,7 +478,7 @@ async def test_a_publish_the_user_may_not_make_names_the_permission(
                     async def named() -> bool:
                         errors = await conn.fetch("SELECT last_error FROM relayd.outbox")
                         return any(
-                            "refuses publishes to events.orders (permissions violation)"
+                            f"refuses publishes to {subject} (permissions violation)"
                             in (row["last_error"] or "")
                             for row in errors
                         )
