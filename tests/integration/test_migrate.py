@@ -427,7 +427,7 @@ async def test_0008_one_check_refuses_what_the_eight_refused(empty_database: Dat
         before_rows = await conn.fetch(f"SELECT * FROM {DEFAULT_TABLE} ORDER BY 1")
         before = await _refusals(conn, DEFAULT_TABLE.qualified)
 
-        report = await migrate(store, migrations)
+        report = await migrate(store, migrations[: step.version])
         assert [m.version for m in report.applied] == [step.version]
         checks = await conn.fetch(
             "SELECT conname, convalidated FROM pg_constraint "
@@ -453,3 +453,78 @@ async def test_0008_one_check_refuses_what_the_eight_refused(empty_database: Dat
         with pytest.raises(asyncpg.CheckViolationError) as caught:
             await conn.execute(f"UPDATE {DEFAULT_TABLE} SET job = jsonb_set(job, '{{type}}', '7')")
         assert caught.value.constraint_name == "relayd_job_type_is_string"
+
+
+async def test_0009_checks_on_write_refuse_what_the_check_refused(
+    empty_database: Database,
+) -> None:
+    """An outbox at 0008 holding rows: 0009 moves the rules from the CHECK constraint to
+    triggers on the columns they read, changes no row, and refuses exactly the rows 0008
+    refused, under the same names (312 rows breaking each rule alone and together). An
+    edit of a job and a redrive of a row that breaks a rule are refused; relayd's own
+    updates (a claim, a settle) no longer call the rules' function, and an attempt count
+    below zero is still refused."""
+    async with _just_before(empty_database, "checks_on_write") as (migrations, step, conn, store):
+        await produce(conn, 3)
+        before_rows = await conn.fetch(f"SELECT * FROM {DEFAULT_TABLE} ORDER BY 1")
+        before = await _refusals(conn, DEFAULT_TABLE.qualified)
+
+        report = await migrate(store, migrations[: step.version])
+        assert [m.version for m in report.applied] == [step.version]
+        checks = await conn.fetch(
+            "SELECT conname, convalidated FROM pg_constraint "
+            "WHERE conrelid = 'relayd.outbox'::regclass AND contype = 'c'"
+        )
+        assert [tuple(r) for r in checks] == [("relayd_attempts_not_negative", False)]
+        assert await conn.fetch(f"SELECT * FROM {DEFAULT_TABLE} ORDER BY 1") == before_rows
+        after = await _refusals(conn, DEFAULT_TABLE.qualified)
+        assert len(after) == 312
+        assert after == before
+
+        with pytest.raises(asyncpg.CheckViolationError) as caught:
+            await conn.execute(f"UPDATE {DEFAULT_TABLE} SET job = jsonb_set(job, '{{type}}', '7')")
+        assert caught.value.constraint_name == "relayd_job_type_is_string"
+        with pytest.raises(asyncpg.CheckViolationError) as caught:
+            await conn.execute(f"UPDATE {DEFAULT_TABLE} SET attempts = -1")
+        assert caught.value.constraint_name == "relayd_attempts_not_negative"
+
+        # relayd's own updates (a lease, a settle) do not call the rules' function; an
+        # edit of the job does (the control that the count is read right).
+        await conn.execute("SET track_functions = 'pl'")
+        async with conn.transaction():
+            await conn.execute(
+                f"UPDATE {DEFAULT_TABLE} SET attempts = attempts + 1, last_attempt_at = now(), "
+                "available_at = now() + interval '30 seconds'"
+            )
+            await conn.execute(
+                f"UPDATE {DEFAULT_TABLE} SET published_at = now(), lease_owner = NULL "
+                "WHERE dead_at IS NULL"
+            )
+            assert await _check_calls(conn) == 0
+            await conn.execute(f"UPDATE {DEFAULT_TABLE} SET job = job")
+            assert await _check_calls(conn) == len(before_rows)
+
+        # A dead letter whose job breaks a rule (a dead row is exempt from the shape
+        # rules): a redrive makes it pending again, and is refused.
+        bad = "018f0000-0000-7000-8000-00000000000b"
+        await conn.execute(
+            f"INSERT INTO {DEFAULT_TABLE} (event_id, job, dead_at, dead_reason) "
+            "VALUES ($1, $2, now(), 'invalid_envelope')",
+            bad,
+            json.dumps({"id": bad, "type": "a.b", "args": {"not": "an array"}}),
+        )
+        with pytest.raises(asyncpg.CheckViolationError) as caught:
+            await conn.execute(
+                f"UPDATE {DEFAULT_TABLE} SET dead_at = NULL, dead_reason = NULL "
+                "WHERE event_id = $1",
+                bad,
+            )
+        assert caught.value.constraint_name == "relayd_job_args_is_array"
+
+
+async def _check_calls(conn: asyncpg.Connection) -> int:
+    """How often this transaction called relayd_check_row (with track_functions on)."""
+    calls = await conn.fetchval(
+        "SELECT pg_stat_get_xact_function_calls('relayd.relayd_check_row'::regproc)"
+    )
+    return int(calls or 0)
