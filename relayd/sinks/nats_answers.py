@@ -324,6 +324,18 @@ class InboxRefused(Refused):
         self.sent = sent
 
 
+def inbox_refused(exc: InboxRefused) -> SinkDown:
+    """A refused reply subscription: severe (an operator must grant it); reached if the
+    message was written before the refusal was known."""
+    return SinkDown(
+        f"the server refuses relayd's subscription to its replies ({exc.subject}; "
+        "permissions violation), so no answer can reach it: grant relayd's NATS user "
+        "subscribe permission on _INBOX.> (docs/operations.md#nats)",
+        reached=exc.sent,
+        severe=True,
+    )
+
+
 def classify_exception(exc: BaseException, *, subject: str) -> Outcome:
     """A failure the client raised while publishing. Every one but a timeout is raised
     before the message is handed to the connection, so nothing can have been stored
@@ -344,13 +356,7 @@ def classify_exception(exc: BaseException, *, subject: str) -> Outcome:
             severe=True,
         )
     if isinstance(exc, InboxRefused):
-        return SinkDown(
-            f"the server refuses relayd's subscription to its replies ({exc.subject}; "
-            "permissions violation), so no answer can reach it: grant relayd's NATS user "
-            "subscribe permission on _INBOX.> (docs/operations.md#nats)",
-            reached=exc.sent,
-            severe=True,
-        )
+        return inbox_refused(exc)
     if isinstance(exc, nats.errors.NoRespondersError | nats.js.errors.NoStreamResponseError):
         return SinkDown(
             f"no responders on {subject}: no stream stores it, or JetStream is not ready "

@@ -28,7 +28,7 @@ from relayd.sinks.nats_answers import (
     InboxRefused,
     PublishRefused,
     classify_connect_failure,
-    classify_exception,
+    inbox_refused,
     publish_refused,
     subscribe_refused,
 )
@@ -239,15 +239,14 @@ class NatsConnection:
         try:
             async with asyncio.timeout(self._settings.connect_timeout_s):
                 await client.connect(**self._connect_options(client))
-                # Known to the error callback before it subscribes: a refusal is its.
+                # Set before it subscribes, for the error callback to hand it a refusal.
                 self._inbox = inbox = ReplyInbox(client)
                 await inbox.start()
         except InboxRefused as exc:
             self._inbox = None
             await quietly_close(client)
             self._note("error")
-            failure = classify_exception(exc, subject=exc.subject)
-            return failure if isinstance(failure, SinkDown) else SinkDown(str(exc))
+            return inbox_refused(exc)
         except (TimeoutError, nats.errors.Error, OSError) as exc:
             self._inbox = None
             # The client tries every server until the timeout, reporting each failure to
