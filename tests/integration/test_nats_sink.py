@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -407,14 +407,43 @@ accounts {
 """
 
 
+# The same user without subscribe permission on its reply inbox.
+NO_REPLY_PERMISSIONS = RELAY_PERMISSIONS.replace(
+    'subscribe: {allow: ["_INBOX.>"]}', 'subscribe: {deny: ["_INBOX.>"]}'
+)
+assert NO_REPLY_PERMISSIONS != RELAY_PERMISSIONS
+
+
+def relay_user_settings(
+    database: Database, server: NatsServer, tmp_path: Path, **sink: Any
+) -> Settings:
+    """nats_settings as the `relayd` user of RELAY_PERMISSIONS, its password from a file."""
+    password = tmp_path / "password"
+    password.write_text("relay-pw\n")
+    return nats_settings(
+        database.dsn, server.url, user="relayd", password_file=str(password), **sink
+    )
+
+
+async def an_error_says(conn: asyncpg.Connection, text: str) -> bool:
+    errors = await conn.fetch("SELECT last_error FROM relayd.outbox")
+    return any(text in (row["last_error"] or "") for row in errors)
+
+
+async def held_for_an_operator(conn: asyncpg.Connection, logs: Sequence[Mapping[str, Any]]) -> None:
+    """The breaker opened at once (severe), and no row used more than one attempt."""
+    opened = [e for e in logs if e["event"] == "breaker.opened"]
+    assert opened, "the breaker never opened"
+    assert opened[0]["severe"] is True
+    assert await conn.fetchval("SELECT max(attempts) FROM relayd.outbox") <= 1
+
+
 async def test_the_documented_permissions_are_enough(
     database: Database, conn: asyncpg.Connection, tmp_path: Path
 ) -> None:
     """docs/operations.md#nats: a NATS user with only the documented permissions passes
     `relayd check`, publishes events with their atomic markers, and reads a duplicate back
     (an event stored outside a batch: the batch is refused, the event alone reconciled)."""
-    password = tmp_path / "password"
-    password.write_text("relay-pw\n")
     with NatsServer(config=RELAY_PERMISSIONS) as server:
         admin = await nats.connect(server.url, user="admin", password="admin-pw")  # noqa: S106 - the test server's own
         try:
@@ -427,9 +456,7 @@ async def test_the_documented_permissions_are_enough(
             await admin.jetstream().publish(
                 "events.orders", b'{"order_id":3}', headers={"Nats-Msg-Id": ids[3]}
             )
-            settings = nats_settings(
-                database.dsn, server.url, user="relayd", password_file=str(password)
-            )
+            settings = relay_user_settings(database, server, tmp_path)
             lines = {line.name: line for line in await run_checks(settings, "test")}
             assert lines["sink"].verdict is Verdict.OK, lines["sink"].detail
             daemon = await run_until_idle(settings)
@@ -456,8 +483,6 @@ async def test_a_publish_the_user_may_not_make_names_the_permission(
     permission, opens the breaker at once (severe) and uses no attempt; nothing is
     dead-lettered. Once the operator grants it (a configuration reload), every event is
     stored once. (A subject with capitals: nats-py lowercases the server's line.)"""
-    password = tmp_path / "password"
-    password.write_text("relay-pw\n")
     denied = RELAY_PERMISSIONS.replace('"events.>", ', "")
     assert denied != RELAY_PERMISSIONS
     with NatsServer(config=denied) as server:
@@ -465,25 +490,13 @@ async def test_a_publish_the_user_may_not_make_names_the_permission(
         try:
             await add_stream(admin)
             ids = await commit(conn, [event(n) for n in range(10)])
-            settings = nats_settings(
-                database.dsn,
-                server.url,
-                user="relayd",
-                password_file=str(password),
-                routes=[{"type": "order.updated", "subject": subject}],
+            settings = relay_user_settings(
+                database, server, tmp_path, routes=[{"type": "order.updated", "subject": subject}]
             )
+            wanted = f"refuses publishes to {subject} (permissions violation)"
             with structlog.testing.capture_logs() as logs:
                 async with running(settings):
-
-                    async def named() -> bool:
-                        errors = await conn.fetch("SELECT last_error FROM relayd.outbox")
-                        return any(
-                            f"refuses publishes to {subject} (permissions violation)"
-                            in (row["last_error"] or "")
-                            for row in errors
-                        )
-
-                    await eventually(named)
+                    await eventually(lambda: an_error_says(conn, wanted))
                     assert await dead(conn) == {}
                     assert await pending(conn) == len(ids)
                     server.reload(RELAY_PERMISSIONS)
@@ -491,10 +504,7 @@ async def test_a_publish_the_user_may_not_make_names_the_permission(
             assert sorted(m["headers"]["Nats-Msg-Id"] for m in await stored(admin)) == sorted(ids)
         finally:
             await admin.close()
-    opened = [e for e in logs if e["event"] == "breaker.opened"]
-    assert opened, "the breaker never opened"
-    assert opened[0]["severe"] is True
-    assert await conn.fetchval("SELECT max(attempts) FROM relayd.outbox") <= 1
+    await held_for_an_operator(conn, logs)
 
 
 async def test_a_reply_subscription_the_user_may_not_make_names_the_permission(
@@ -506,32 +516,19 @@ async def test_a_reply_subscription_the_user_may_not_make_names_the_permission(
     relay opens the breaker at once (severe), sends nothing, uses no attempt and
     dead-letters nothing. Once the operator grants it (a configuration reload), a new
     connection subscribes and every event is stored once."""
-    password = tmp_path / "password"
-    password.write_text("relay-pw\n")
-    denied = RELAY_PERMISSIONS.replace(
-        'subscribe: {allow: ["_INBOX.>"]}', 'subscribe: {deny: ["_INBOX.>"]}'
-    )
-    assert denied != RELAY_PERMISSIONS
     wanted = "subscribe permission on _INBOX.>"
-    with NatsServer(config=denied) as server:
+    with NatsServer(config=NO_REPLY_PERMISSIONS) as server:
         admin = await nats.connect(server.url, user="admin", password="admin-pw")  # noqa: S106 - the test server's own
         try:
             await add_stream(admin)
             ids = await commit(conn, [event(n) for n in range(10)])
-            settings = nats_settings(
-                database.dsn, server.url, user="relayd", password_file=str(password)
-            )
+            settings = relay_user_settings(database, server, tmp_path)
             lines = {line.name: line for line in await run_checks(settings, "test")}
             assert lines["sink"].verdict is Verdict.FAIL
             assert wanted in lines["sink"].detail
             with structlog.testing.capture_logs() as logs:
                 async with running(settings):
-
-                    async def named() -> bool:
-                        errors = await conn.fetch("SELECT last_error FROM relayd.outbox")
-                        return any(wanted in (row["last_error"] or "") for row in errors)
-
-                    await eventually(named)
+                    await eventually(lambda: an_error_says(conn, wanted))
                     assert await dead(conn) == {}
                     assert await pending(conn) == len(ids)
                     info = await admin.jetstream().stream_info(STREAM)
@@ -541,10 +538,7 @@ async def test_a_reply_subscription_the_user_may_not_make_names_the_permission(
             assert sorted(m["headers"]["Nats-Msg-Id"] for m in await stored(admin)) == sorted(ids)
         finally:
             await admin.close()
-    opened = [e for e in logs if e["event"] == "breaker.opened"]
-    assert opened, "the breaker never opened"
-    assert opened[0]["severe"] is True
-    assert await conn.fetchval("SELECT max(attempts) FROM relayd.outbox") <= 1
+    await held_for_an_operator(conn, logs)
 
 
 async def test_a_reply_subscription_revoked_while_running_stops_the_sending(
@@ -555,30 +549,17 @@ async def test_a_reply_subscription_revoked_while_running_stops_the_sending(
     relayd fails what waits for an answer and sends nothing more on that connection, naming
     the permission (severe); granted again, a new connection takes over and every event is
     stored once."""
-    password = tmp_path / "password"
-    password.write_text("relay-pw\n")
-    denied = RELAY_PERMISSIONS.replace(
-        'subscribe: {allow: ["_INBOX.>"]}', 'subscribe: {deny: ["_INBOX.>"]}'
-    )
     wanted = "subscribe permission on _INBOX.>"
     with NatsServer(config=RELAY_PERMISSIONS) as server:
         admin = await nats.connect(server.url, user="admin", password="admin-pw")  # noqa: S106 - the test server's own
         try:
             await add_stream(admin)
             first = await commit(conn, [event(n) for n in range(5)])
-            settings = nats_settings(
-                database.dsn, server.url, user="relayd", password_file=str(password)
-            )
-            async with running(settings):
+            async with running(relay_user_settings(database, server, tmp_path)):
                 await eventually(lambda: drained(conn))
-                server.reload(denied)
+                server.reload(NO_REPLY_PERMISSIONS)
                 later = await commit(conn, [event(n) for n in range(5, 15)])
-
-                async def named() -> bool:
-                    errors = await conn.fetch("SELECT last_error FROM relayd.outbox")
-                    return any(wanted in (row["last_error"] or "") for row in errors)
-
-                await eventually(named)
+                await eventually(lambda: an_error_says(conn, wanted))
                 assert await dead(conn) == {}
                 server.reload(RELAY_PERMISSIONS)
                 await eventually(lambda: drained(conn))
