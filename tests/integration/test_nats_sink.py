@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -430,8 +430,30 @@ async def an_error_says(conn: asyncpg.Connection, text: str) -> bool:
     return any(text in (row["last_error"] or "") for row in errors)
 
 
-async def held_for_an_operator(conn: asyncpg.Connection, logs: Sequence[Mapping[str, Any]]) -> None:
-    """The breaker opened at once (severe), and no row used more than one attempt."""
+async def refused_until_granted(  # noqa: PLR0913 - the scene, then what to expect
+    server: NatsServer,
+    admin: Client,
+    conn: asyncpg.Connection,
+    settings: Settings,
+    ids: list[str],
+    wanted: str,
+    *,
+    nothing_sent: bool = False,
+) -> None:
+    """A relay whose NATS user lacks a permission: the rows' last_error names it (`wanted`),
+    nothing is dead-lettered, every row waits (and none was sent, if `nothing_sent`); once
+    the server's configuration grants it, every event is stored once. The breaker opened at
+    once (severe), and no row used more than one attempt."""
+    with structlog.testing.capture_logs() as logs:
+        async with running(settings):
+            await eventually(lambda: an_error_says(conn, wanted))
+            assert await dead(conn) == {}
+            assert await pending(conn) == len(ids)
+            if nothing_sent:
+                assert (await admin.jetstream().stream_info(STREAM)).state.messages == 0
+            server.reload(RELAY_PERMISSIONS)
+            await eventually(lambda: drained(conn))
+    assert sorted(m["headers"]["Nats-Msg-Id"] for m in await stored(admin)) == sorted(ids)
     opened = [e for e in logs if e["event"] == "breaker.opened"]
     assert opened, "the breaker never opened"
     assert opened[0]["severe"] is True
@@ -494,17 +516,9 @@ async def test_a_publish_the_user_may_not_make_names_the_permission(
                 database, server, tmp_path, routes=[{"type": "order.updated", "subject": subject}]
             )
             wanted = f"refuses publishes to {subject} (permissions violation)"
-            with structlog.testing.capture_logs() as logs:
-                async with running(settings):
-                    await eventually(lambda: an_error_says(conn, wanted))
-                    assert await dead(conn) == {}
-                    assert await pending(conn) == len(ids)
-                    server.reload(RELAY_PERMISSIONS)
-                    await eventually(lambda: drained(conn))
-            assert sorted(m["headers"]["Nats-Msg-Id"] for m in await stored(admin)) == sorted(ids)
+            await refused_until_granted(server, admin, conn, settings, ids, wanted)
         finally:
             await admin.close()
-    await held_for_an_operator(conn, logs)
 
 
 async def test_a_reply_subscription_the_user_may_not_make_names_the_permission(
@@ -526,19 +540,11 @@ async def test_a_reply_subscription_the_user_may_not_make_names_the_permission(
             lines = {line.name: line for line in await run_checks(settings, "test")}
             assert lines["sink"].verdict is Verdict.FAIL
             assert wanted in lines["sink"].detail
-            with structlog.testing.capture_logs() as logs:
-                async with running(settings):
-                    await eventually(lambda: an_error_says(conn, wanted))
-                    assert await dead(conn) == {}
-                    assert await pending(conn) == len(ids)
-                    info = await admin.jetstream().stream_info(STREAM)
-                    assert info.state.messages == 0  # nothing was sent
-                    server.reload(RELAY_PERMISSIONS)
-                    await eventually(lambda: drained(conn))
-            assert sorted(m["headers"]["Nats-Msg-Id"] for m in await stored(admin)) == sorted(ids)
+            await refused_until_granted(
+                server, admin, conn, settings, ids, wanted, nothing_sent=True
+            )
         finally:
             await admin.close()
-    await held_for_an_operator(conn, logs)
 
 
 async def test_a_reply_subscription_revoked_while_running_stops_the_sending(
