@@ -67,7 +67,9 @@ class Obj(enum.Enum):
     EFFECTIVE_QUEUE = (Kind.FUNCTION, "relayd_effective_queue", "jsonb")
     HELD = (Kind.FUNCTION, "relayd_held", "jsonb, text[], text[], text[]")
     AVAILABLE_AT = (Kind.FUNCTION, "relayd_available_at", "")
-    # The outbox's CHECK constraint calls it: every statement that writes a row needs it.
+    # The row checks call it: since migration 0009 a trigger, on every inserted row, every
+    # change of a row's id, job or created_at, and every redrive (before 0009, a CHECK
+    # constraint on every write, relayd's claims and settles included).
     CHECK_ROW = (
         Kind.FUNCTION,
         "relayd_check_row",
