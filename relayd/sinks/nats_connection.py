@@ -63,10 +63,14 @@ class ReplyInbox:
 
     async def start(self) -> None:
         """Subscribe, and learn whether the server allows it: it answers a subscription it
-        refuses with an error on the side, which arrives before the answer to the flush's
-        ping. Raises `InboxRefused` then. (Resubscribed by the client after a reconnect,
-        like any subscription; a refusal then comes to `refuse_subscription`.)"""
+        refuses with an error on the side, which arrives before the answer to a ping sent
+        after the SUB. Raises `InboxRefused` then. (Resubscribed by the client after a
+        reconnect, like any subscription; a refusal then comes to `refuse_subscription`.)"""
         await self._client.subscribe(self._subject, cb=self._reply)
+        # nats-py writes a flush's PING straight to the socket, ahead of the commands still
+        # queued for its writer task, this SUB among them: the first round trip lets the
+        # writer send the SUB, the second is answered after the server has processed it.
+        await self._client.flush()
         await self._client.flush()
         if self.refused is not None:
             raise InboxRefused(self.refused, sent=False)
