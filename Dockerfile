@@ -25,7 +25,10 @@ RUN groupadd --system --gid 10001 relayd \
        --shell /usr/sbin/nologin relayd
 COPY deploy/constraints.txt /tmp/constraints.txt
 COPY --from=build /dist/ /tmp/dist/
-RUN pip install --no-cache-dir --disable-pip-version-check -c /tmp/constraints.txt /tmp/dist/*.whl \
+# Every destination's client and the OpenTelemetry exporter: one image relays to any sink.
+RUN wheel="$(ls /tmp/dist/*.whl)" \
+    && pip install --no-cache-dir --disable-pip-version-check -c /tmp/constraints.txt \
+       "${wheel}[nats,otel]" \
     && rm -rf /tmp/dist /tmp/constraints.txt
 # JSON logs; the endpoints listen beyond loopback so that a probe or a scrape can reach them
 # (publish the port deliberately: they have no authentication).

@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml deploy/constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -c deploy/constraints.txt -e '.[dev,embedded]'
+	$(BIN)/python -m pip install --quiet -c deploy/constraints.txt -e '.[dev]'
 	@touch $@
 
 venv: $(STAMP)

@@ -28,7 +28,7 @@ import asyncpg
 
 from bench.harness import Bench, drop_outbox, new_outbox
 from bench.measure import Result, process_cpu_s, ratio
-from relayd.models import OutboxTable
+from relayd.core.rows import OutboxTable
 from relayd.producer import Outbox, append, enqueue_many, new_job
 
 NAME = "appends"

@@ -22,9 +22,9 @@ import asyncpg
 
 from bench.harness import Bench, drop_outbox, fill, new_outbox
 from bench.measure import BenchError, Result, median, ratio
-from relayd.models import OutboxTable
+from relayd.core.rows import OutboxTable
+from relayd.engine.watermark import Watermark
 from relayd.store import Store
-from relayd.watermark import Watermark
 
 NAME = "backlog"
 STEPS = {"full": (10_000, 1_000_000, 5_000_000), "quick": (10_000, 200_000)}
@@ -37,7 +37,7 @@ async def claim_settle_ms(store: Store, rounds: int) -> tuple[float, float, floa
     """Median wall ms of claim+settle, of the claim alone, of the settle alone, over
     `rounds` rounds after two untimed warm-up rounds; also the rows published.
 
-    The claims start where a relay's would: at the watermark (relayd/watermark.py). The
+    The claims start where a relay's would: at the watermark (relayd/engine/watermark.py). The
     warm-up rounds read the whole index (the first claim has no marks yet, the second
     not the writers' mark of a previous one) and prepare the statements; the timed rounds
     are the claims a relay makes between its full scans.

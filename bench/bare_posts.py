@@ -20,9 +20,9 @@ from pathlib import Path
 
 import aiohttp
 
-from relayd import __version__
-from relayd.sinks.http_exchange import new_session
-from relayd.sinks.webhook_settings import WebhookSettings
+from relayd.core import __version__
+from relayd.sinks.http.exchange import new_session
+from relayd.sinks.webhook.settings import WebhookSettings
 
 
 async def _post_all(

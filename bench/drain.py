@@ -36,11 +36,11 @@ from bench.harness import (
     stored_rows,
 )
 from bench.measure import BenchError, Drain, Result, ratio, warnings_line
-from relayd.models import OutboxTable
-from relayd.sinks.http_exchange import new_session
-from relayd.sinks.ojs import SESSION_HEADERS
-from relayd.sinks.ojs_answers import MEDIA_TYPE
-from relayd.sinks.ojs_settings import OjsSettings
+from relayd.core.rows import OutboxTable
+from relayd.sinks.http.exchange import new_session
+from relayd.sinks.ojs.answers import MEDIA_TYPE
+from relayd.sinks.ojs.settings import OjsSettings
+from relayd.sinks.ojs.sink import SESSION_HEADERS
 
 NAME = "drain"
 ROWS = {"full": 100_000, "quick": 20_000}

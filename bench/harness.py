@@ -28,8 +28,8 @@ import asyncpg
 
 from bench.measure import BenchError, Drain, pg_cpu_s, ppid, process_cpu_s
 from bench.settings import relay_settings
-from relayd.migrate import connect_and_migrate
-from relayd.models import OutboxTable
+from relayd.core.rows import OutboxTable
+from relayd.store.migrations import connect_and_migrate
 from relayd.testing.postgres import EmbeddedPostgres
 from relayd.testing.processes import await_http, emulator_process, free_port, relay_process
 

@@ -45,7 +45,7 @@ from bench.harness import (
     start_relays,
 )
 from bench.measure import BenchError, Result, ratio, warnings_line
-from relayd.models import OutboxTable
+from relayd.core.rows import OutboxTable
 
 NAME = "horizon"
 ROWS = {"full": 100_000, "quick": 20_000}

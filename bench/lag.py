@@ -57,7 +57,7 @@ from bench.measure import (
     ratio,
     warnings_line,
 )
-from relayd.models import OutboxTable
+from relayd.core.rows import OutboxTable
 from relayd.producer import enqueue_many, new_job
 
 NAME = "lag"

@@ -43,10 +43,10 @@ from bench.harness import (
     stored_rows,
 )
 from bench.measure import BenchError, Drain, Result, process_cpu_s, ratio, warnings_line
-from relayd.events import META_OCCURRED_AT, META_VERSION
-from relayd.models import Envelope, OutboxTable
+from relayd.core.envelope import META_OCCURRED_AT, META_VERSION, Envelope
+from relayd.core.rows import OutboxTable
 from relayd.producer import new_job
-from relayd.sinks.nats_message import NatsMessage, Route, Routes, message_for
+from relayd.sinks.nats.message import NatsMessage, Route, Routes, message_for
 from relayd.testing.nats import NatsServer
 
 NAME = "nats"

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import asyncpg
 
-from relayd.backlog import BACKLOG_BOUND
-from relayd.migrate import connect_and_migrate
-from relayd.models import OutboxTable
+from relayd.core.backlog import BACKLOG_BOUND
+from relayd.core.rows import OutboxTable
+from relayd.daemon.sampler import sample_backlog
 from relayd.operator.status import build_report
-from relayd.sampler import sample_backlog
 from relayd.store import Store
+from relayd.store.migrations import connect_and_migrate
 from relayd.testing.postgres import EmbeddedPostgres
 
 STEPS = (10_000, 1_000_000, 5_000_000)

@@ -41,16 +41,17 @@ from bench.harness import (
     stored_rows,
 )
 from bench.measure import BenchError, Drain, Result, ratio, warnings_line
-from relayd.models import Envelope, OutboxTable
-from relayd.sinks.webhook_answers import (
+from relayd.core.envelope import Envelope
+from relayd.core.rows import OutboxTable
+from relayd.sinks.webhook.answers import (
     HEADER_ID,
     HEADER_SIGNATURE,
     HEADER_TIMESTAMP,
     Delivery,
     delivery_for,
 )
-from relayd.sinks.webhook_settings import WebhookSettings
-from relayd.sinks.webhook_signing import SigningKeys, parse_secrets, signature_header
+from relayd.sinks.webhook.settings import WebhookSettings
+from relayd.sinks.webhook.signing import SigningKeys, parse_secrets, signature_header
 from relayd.testing.processes import free_port
 
 NAME = "webhook"

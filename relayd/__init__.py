@@ -1,3 +1,39 @@
-"""relayd: publishes committed PostgreSQL outbox rows to an Open Job Spec server, at least once."""
+"""relayd: publishes the committed rows of a PostgreSQL transactional outbox to an Open Job
+Spec server, NATS JetStream or Standard Webhooks endpoints, at least once.
 
-__version__ = "0.1.0"
+What an application needs to append events is here (docs/producers.md): `define_event`,
+`Outbox`, `append` (asyncpg; `relayd.producer.psycopg` and `relayd.producer.sqlalchemy` for
+the other drivers) and the errors `append` raises.
+"""
+
+from relayd.core import __version__
+from relayd.producer import (
+    AppendError,
+    Event,
+    EventIdConflict,
+    EventTooLarge,
+    EventType,
+    InvalidEvent,
+    NoRoute,
+    NotInTransaction,
+    Outbox,
+    append,
+    define_event,
+    new_job,
+)
+
+__all__ = [
+    "AppendError",
+    "Event",
+    "EventIdConflict",
+    "EventTooLarge",
+    "EventType",
+    "InvalidEvent",
+    "NoRoute",
+    "NotInTransaction",
+    "Outbox",
+    "__version__",
+    "append",
+    "define_event",
+    "new_job",
+]

@@ -19,9 +19,8 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
-from relayd import __version__
-from relayd.config import describe_config_source, example_config, load_settings, to_toml
-from relayd.errors import (
+from relayd.core import __version__
+from relayd.core.errors import (
     EXIT_FAILURE,
     EXIT_OK,
     EXIT_USAGE,
@@ -33,6 +32,7 @@ from relayd.errors import (
     SchemaError,
     StatementError,
 )
+from relayd.demo import demo_kinds, run_demo
 from relayd.operator import (
     check,
     dlq,
@@ -45,7 +45,10 @@ from relayd.operator import (
     status,
 )
 from relayd.operator.command import Handler, fail
-from relayd.privileges import Role, hint
+from relayd.settings import describe_config_source, example_config, load_settings, to_toml
+from relayd.sinks import registry
+from relayd.store.privileges import Role, hint
+from relayd.testing import command as emulator_command
 
 if TYPE_CHECKING:
     from relayd.operator.command import Commands
@@ -149,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_config_commands,
         status.add_commands,
         _add_demo_command,
-        _add_emulator_command,
+        emulator_command.add_commands,
         healthcheck.add_commands,
     ]
     for add_commands in adders:
@@ -163,7 +166,7 @@ def _add_run_command(commands: Commands, common: argparse.ArgumentParser) -> Non
 
 
 def _run(args: argparse.Namespace) -> int:
-    from relayd.daemon import run_daemon  # noqa: PLC0415 - keeps `config show` light
+    from relayd.daemon.lifecycle import run_daemon  # noqa: PLC0415 - keeps `config show` light
 
     settings = load_settings(args.config)
     _tune_collector()
@@ -235,106 +238,28 @@ def _config_example(_args: argparse.Namespace) -> int:
 
 def _add_demo_command(commands: Commands, common: argparse.ArgumentParser) -> None:
     demo = commands.add_parser(
-        "demo", help="run the main job end to end on an embedded PostgreSQL and the emulator"
+        "demo",
+        help="run relayd end to end on an embedded PostgreSQL and a stand-in destination "
+        "(needs the relayd[demo] extra)",
     )
     demo.add_argument("--rows", type=int, default=10_000, help="orders to commit (10,000)")
     demo.add_argument(
         "--keep",
         action="store_true",
-        help="then keep PostgreSQL and the emulator running, print the configuration for "
+        help="then keep PostgreSQL and the destination running, print the configuration for "
         "`relayd dlq list --config PATH` and the like, and wait for Ctrl-C",
     )
     demo.add_argument(
         "--sink",
-        choices=("ojs", "nats", "webhook"),
-        default="ojs",
-        help="the sink: the OJS emulator (ojs, the default), an embedded nats-server with "
-        "JetStream (nats), or an embedded webhook receiver that verifies every signature "
-        "(webhook)",
+        choices=demo_kinds(),
+        default=registry.DEFAULT_KIND,
+        help=f"the destination's kind (default: {registry.DEFAULT_KIND}), run against an "
+        "embedded stand-in that checks everything it received",
     )
     demo.set_defaults(handler=_demo)
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from relayd.demo import run_demo  # noqa: PLC0415 - needs the `embedded` extra
-
     if args.rows < 1:
         raise ConfigError("--rows", "must be at least 1")
-    if args.sink == "nats":
-        from relayd.demo_nats import run_nats_demo  # noqa: PLC0415 - needs the dev extra
-
-        if args.keep:
-            raise ConfigError("--keep", "is for the OJS demo only (--sink ojs)")
-        return run_nats_demo(args.rows)
-    if args.sink == "webhook":
-        from relayd.demo_webhook import run_webhook_demo  # noqa: PLC0415 - needs the dev extra
-
-        if args.keep:
-            raise ConfigError("--keep", "is for the OJS demo only (--sink ojs)")
-        return run_webhook_demo(args.rows)
-    return run_demo(args.rows, keep=args.keep)
-
-
-def _add_emulator_command(commands: Commands, common: argparse.ArgumentParser) -> None:
-    emulator = commands.add_parser(
-        "emulator", help="serve the in-memory OJS emulator (for demos and tests)"
-    )
-    emulator.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT")
-    emulator.add_argument(
-        "--duplicate-mode",
-        choices=("spec409", "overwrite", "pk500"),
-        default="spec409",
-        help="a reused job id: 409 (conformance), silent overwrite (redis, lite), 500 (postgres)",
-    )
-    emulator.add_argument(
-        "--queue-source",
-        choices=("options", "top_level", "either"),
-        default="options",
-        help="where the job's queue is read (OJS binding, the top-level-queue gateway, or both)",
-    )
-    emulator.add_argument("--batch-atomic", action=argparse.BooleanOptionalAction, default=True)
-    emulator.add_argument(
-        "--batch",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="serve POST /ojs/v1/jobs/batch and advertise it in the manifest",
-    )
-    emulator.add_argument("--auth-token-file", metavar="PATH")
-    emulator.add_argument("--retention-s", type=float, metavar="SECONDS")
-    emulator.add_argument(
-        "--tls-cert", metavar="PATH", help="serve HTTPS with this PEM certificate (chain)"
-    )
-    emulator.add_argument("--tls-key", metavar="PATH", help="the PEM private key of --tls-cert")
-    emulator.set_defaults(handler=_emulator)
-
-
-def _emulator(args: argparse.Namespace) -> int:
-    from relayd.config import parse_listen  # noqa: PLC0415
-    from relayd.testing.emulator import config_from_options, serve  # noqa: PLC0415
-    from relayd.testing.emulator.app import tls_context  # noqa: PLC0415
-
-    try:
-        host, port = parse_listen(args.listen)
-    except ValueError as exc:
-        raise ConfigError("--listen", str(exc)) from None
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise ConfigError("--tls-cert", "give --tls-cert and --tls-key together")
-    ssl_context = None
-    if args.tls_cert is not None:
-        try:
-            ssl_context = tls_context(args.tls_cert, args.tls_key)
-        except OSError as exc:  # ssl.SSLError is an OSError too
-            raise ConfigError("--tls-cert", f"cannot load the certificate and key: {exc}") from None
-    try:
-        config = config_from_options(
-            duplicate_mode=args.duplicate_mode,
-            queue_source=args.queue_source,
-            batch_atomic=args.batch_atomic,
-            batch_enqueue=args.batch,
-            auth_token_file=args.auth_token_file,
-            retention_s=args.retention_s,
-        )
-    except ValueError as exc:
-        raise ConfigError("emulator", str(exc)) from None
-    serve(host, port, config, ssl_context=ssl_context)
-    return EXIT_OK
+    return run_demo(args.rows, kind=args.sink, keep=args.keep)

@@ -18,9 +18,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from relayd.migrate import migrate
-from relayd.privileges import Role, grant_script
 from relayd.store import Store
+from relayd.store.migrations import migrate
+from relayd.store.privileges import Role, grant_script
 from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from relayd.testing.nats import NatsServer
 from relayd.testing.postgres import EmbeddedPostgres

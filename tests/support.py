@@ -23,14 +23,14 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from relayd.config import Settings
-from relayd.daemon import Daemon
-from relayd.metrics import RelayMetrics
-from relayd.models import ClaimedRow, OutboxTable
+from relayd.core.rows import ClaimedRow, OutboxTable
+from relayd.daemon.lifecycle import Daemon
 from relayd.producer import enqueue_many, new_job, uuid7
-from relayd.sinks.ojs_settings import OjsSettings
+from relayd.settings import Settings
+from relayd.sinks.ojs.settings import OjsSettings
+from relayd.telemetry.metrics import RelayMetrics
+from relayd.telemetry.tracing import RelayTracing
 from relayd.testing.emulator import RunningEmulator
-from relayd.tracing import RelayTracing
 
 # --- the test database ------------------------------------------------------------------
 
@@ -260,9 +260,18 @@ def clear_relayd_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def relayd_argv(*args: str, switched: bool = False) -> list[str]:
     """`relayd ARGS` run by this interpreter; `switched`: through the test launcher, which
-    installs the failpoints and mutant its environment names (relayd/testing/launch.py)."""
-    module = "relayd.testing.launch" if switched else "relayd"
-    return [sys.executable, "-m", module, *args]
+    installs the failpoints and mutant its environment names (tests/faults/switches/launch.py)."""
+    if not switched:
+        return [sys.executable, "-m", "relayd", *args]
+    # The launcher is part of the test suite, not of the package: it is found from this
+    # checkout, whatever the child's working directory.
+    return [sys.executable, "-c", _LAUNCH, *args]
+
+
+_LAUNCH = (
+    f"import runpy, sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r}); "
+    "runpy.run_module('tests.faults.switches.launch', run_name='__main__', alter_sys=True)"
+)
 
 
 async def start_relayd(

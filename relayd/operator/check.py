@@ -20,8 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from relayd.config import Settings, describe_config_source, load_settings
-from relayd.errors import (
+from relayd.core.errors import (
     EXIT_FAILURE,
     EXIT_OK,
     ConfigError,
@@ -31,8 +30,9 @@ from relayd.errors import (
 )
 from relayd.operator.command import Needs, command_store
 from relayd.operator.render import printable
-from relayd.privileges import COMMANDS, Role, hint, role_privileges
+from relayd.settings import Settings, describe_config_source, load_settings
 from relayd.sinks import SinkHealth
+from relayd.store.privileges import COMMANDS, Role, hint, role_privileges
 
 if TYPE_CHECKING:
     from relayd.operator.command import Commands
@@ -103,7 +103,7 @@ async def run_checks(
     settings: Settings, config_source: str, role: Role = Role.RELAY
 ) -> list[CheckLine]:
     """Every check, in order; stops asking the database once it is out of reach. The
-    privileges checked are those of `role` (relayd/privileges.py)."""
+    privileges checked are those of `role` (relayd/store/privileges.py)."""
     lines = [CheckLine("config", Verdict.OK, config_source)]
     try:
         _ = settings.dsn  # a missing DSN is this check's finding, not a usage error
@@ -173,7 +173,7 @@ async def _attempt(name: str, check: Callable[[], Awaitable[str]]) -> CheckLine:
 
 
 async def _schema(store: Store) -> str:
-    from relayd.migrate import require_current  # noqa: PLC0415 - asyncpg only when checking
+    from relayd.store.migrations import require_current  # noqa: PLC0415 - asyncpg only when checking
 
     await require_current(store)
     versions = await store.applied_versions()

@@ -13,10 +13,10 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, TypeAlias
 
-from relayd.config import Settings
-from relayd.errors import EXIT_FAILURE, EXIT_USAGE, PrivilegeError, StatementError
-from relayd.models import CONTROL_CHARS
-from relayd.privileges import Role, hint
+from relayd.core.errors import EXIT_FAILURE, EXIT_USAGE, PrivilegeError, StatementError
+from relayd.core.outcomes import CONTROL_CHARS
+from relayd.settings import Settings
+from relayd.store.privileges import Role, hint
 
 if TYPE_CHECKING:
     import argparse
@@ -85,8 +85,8 @@ async def command_store(
     """A small pool on the outbox for one command, closed when it is done; no waiting for
     PostgreSQL, unlike `relayd run`, since an operator asked now."""
     # asyncpg, and the migrations, only for the commands that use them.
-    from relayd.migrate import require_current  # noqa: PLC0415
     from relayd.store import Store  # noqa: PLC0415
+    from relayd.store.migrations import require_current  # noqa: PLC0415
 
     store = await Store.for_command(settings, connect_timeout_s=connect_timeout_s)
     try:

@@ -21,8 +21,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from relayd.config import load_settings
-from relayd.errors import EXIT_FAILURE, EXIT_OK
+from relayd.core.errors import EXIT_FAILURE, EXIT_OK
 from relayd.operator.command import (
     BadInput,
     check_text,
@@ -51,7 +50,8 @@ from relayd.operator.dlq_output import (
     write_summary,
 )
 from relayd.operator.render import stamp
-from relayd.operator_models import AuditEntry, DeadLetterRow, DlqAction, RowOutcome
+from relayd.settings import load_settings
+from relayd.store.records import AuditEntry, DeadLetterRow, DlqAction, RowOutcome
 
 if TYPE_CHECKING:
     from relayd.operator.command import Commands

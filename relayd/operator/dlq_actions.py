@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from relayd.operator.dlq_filters import filters_json
 from relayd.operator.render import iso
-from relayd.operator_models import (
+from relayd.store.records import (
     AUDIT_MAX_IDS,
     AuditEntry,
     DeadLetterBatch,

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from relayd.models import DeadReason
+from relayd.core.outcomes import DeadReason
 from relayd.operator.command import BadInput, check_text, quote
 from relayd.operator.render import iso
-from relayd.operator_models import DeadLetterFilter
+from relayd.store.records import DeadLetterFilter
 
 _MAX_FILTER_CHARS = 1000
 

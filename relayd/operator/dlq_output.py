@@ -7,10 +7,10 @@ import json
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from relayd import jsonvalue
+from relayd.core import jsonvalue
 from relayd.operator.dlq_actions import ActionSummary
 from relayd.operator.render import columns, iso, printable, stamp
-from relayd.operator_models import DeadLetterRow, DlqAction
+from relayd.store.records import DeadLetterRow, DlqAction
 
 # Ids printed by name in a human summary; past that, counts only.
 _IDS_SHOWN = 20

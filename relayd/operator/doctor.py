@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from relayd.config import load_settings
-from relayd.errors import EXIT_FAILURE, EXIT_OK
+from relayd.core.errors import EXIT_FAILURE, EXIT_OK
 from relayd.operator.check import Verdict
 from relayd.operator.command import Needs, command_store
 from relayd.operator.render import age, iso, printable
+from relayd.settings import load_settings
 
 if TYPE_CHECKING:
     from relayd.operator.command import Commands

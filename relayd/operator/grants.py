@@ -1,5 +1,5 @@
 """`relayd grants`: the GRANT script a database role needs on the configured outbox, from the
-one list of what each role needs (relayd/privileges.py), which `relayd check` checks too."""
+one list of what each role needs (relayd/store/privileges.py), which `relayd check` checks too."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from relayd.config import load_settings
-from relayd.errors import EXIT_OK, ConfigError
-from relayd.privileges import DEFAULT_GRANTEE, Role, grant_script
+from relayd.core.errors import EXIT_OK, ConfigError
+from relayd.settings import load_settings
+from relayd.store.privileges import DEFAULT_GRANTEE, Role, grant_script
 
 if TYPE_CHECKING:
     from relayd.operator.command import Commands

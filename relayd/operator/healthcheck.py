@@ -13,9 +13,10 @@ import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING
 
-from relayd.config import Settings, load_settings, parse_listen
-from relayd.errors import EXIT_FAILURE, EXIT_OK, ConfigError
+from relayd.config.sections import parse_listen
+from relayd.core.errors import EXIT_FAILURE, EXIT_OK, ConfigError
 from relayd.operator.command import fail
+from relayd.settings import Settings, load_settings
 
 if TYPE_CHECKING:
     from relayd.operator.command import Commands

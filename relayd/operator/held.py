@@ -19,8 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from relayd.config import load_settings
-from relayd.errors import EXIT_FAILURE, EXIT_OK
+from relayd.core.errors import EXIT_FAILURE, EXIT_OK
 from relayd.operator.command import (
     BadInput,
     check_text,
@@ -34,7 +33,8 @@ from relayd.operator.dlq_actions import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, Acti
 from relayd.operator.dlq_output import Progress, write_summary
 from relayd.operator.pause import queue_arg, type_arg
 from relayd.operator.render import columns, iso
-from relayd.operator_models import AuditEntry, DlqAction, HeldFilter, HeldPage, HeldRow
+from relayd.settings import load_settings
+from relayd.store.records import AuditEntry, DlqAction, HeldFilter, HeldPage, HeldRow
 
 if TYPE_CHECKING:
     from relayd.operator.command import Commands

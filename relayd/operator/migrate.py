@@ -1,6 +1,6 @@
 """`relayd migrate`: create or upgrade the outbox table, idempotently, as the migrator role.
-The migrations and how they are applied are relayd/migrate.py's, which `relayd run` uses too;
-this is the command and what it prints."""
+The migrations and how they are applied are relayd/store/migrations.py's, which `relayd run`
+uses too; this is the command and what it prints."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from relayd.config import load_settings
-from relayd.errors import EXIT_OK
+from relayd.core.errors import EXIT_OK
+from relayd.settings import load_settings
 
 if TYPE_CHECKING:
     from relayd.operator.command import Commands
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 def migrate_command(args: argparse.Namespace) -> int:
     """`relayd migrate [--json]`."""
-    from relayd.migrate import connect_and_migrate  # noqa: PLC0415 - asyncpg only when migrating
+    from relayd.store.migrations import connect_and_migrate  # noqa: PLC0415 - asyncpg only when migrating
 
     settings = load_settings(args.config)
 

@@ -17,9 +17,8 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
-from relayd.config import load_settings
-from relayd.errors import EXIT_OK
-from relayd.models import MAX_QUEUE_CHARS, MAX_TYPE_CHARS, QUEUE_PATTERN, TYPE_PATTERN
+from relayd.core.envelope import MAX_QUEUE_CHARS, MAX_TYPE_CHARS, QUEUE_PATTERN, TYPE_PATTERN
+from relayd.core.errors import EXIT_OK
 from relayd.operator.command import (
     BadInput,
     check_text,
@@ -28,7 +27,8 @@ from relayd.operator.command import (
     resolve_actor,
 )
 from relayd.operator.render import iso, printable, stamp
-from relayd.operator_models import EVERY_QUEUE, EVERY_TYPE, Pause, QueueUse, describe_pause
+from relayd.settings import load_settings
+from relayd.store.records import EVERY_QUEUE, EVERY_TYPE, Pause, QueueUse, describe_pause
 
 if TYPE_CHECKING:
     from relayd.operator.command import Commands

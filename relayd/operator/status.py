@@ -1,9 +1,9 @@
 """`relayd status` (the command and `GET /v1/status`): the backlog, dead letters, pauses and
 the relays running now, built from one bounded read of the database in one snapshot.
 
-The counting rules are the backlog's (relayd/backlog.py). This module owns the report's two
+The counting rules are the backlog's (relayd/core/backlog.py). This module owns the report's two
 renderings: the JSON shape scripts rely on (docs/operations.md) and the human table. The SQL
-is in `sql/queries.sql` (`backlog_sample` and the blocks after it).
+is in `relayd/store/sql/sampling.sql`.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from relayd.backlog import BACKLOG_BOUND, Backlog
-from relayd.config import load_settings
-from relayd.errors import EXIT_OK
+from relayd.core.backlog import BACKLOG_BOUND, Backlog
+from relayd.core.errors import EXIT_OK
 from relayd.operator.command import Needs, command_store
 from relayd.operator.pause import pause_json
 from relayd.operator.render import age, columns, iso, printable, stamp
-from relayd.operator_models import Pause
+from relayd.settings import load_settings
+from relayd.store.records import Pause
 
 if TYPE_CHECKING:
     from relayd.operator.command import Commands

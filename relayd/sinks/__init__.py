@@ -1,30 +1,47 @@
-"""Where relayd publishes rows: the `Sink` interface the relay depends on, what a sink
-reports back about its own health, and the settings every sink kind shares.
+"""The seam between the engine and a destination, and the rules every destination obeys,
+written once.
 
-A sink kind is one module (or package) under `relayd/sinks/`, a settings model derived from
-`SinkSettings`, and one line in `relayd/sinks/registry.py`; nothing outside `relayd/sinks/`
-names it. A sink owns everything about its wire: how a claim's rows travel (one request each,
-or batches), how each answer is classified into an outcome value (`relayd.models`), and how
-it finds out what it already holds under a row's id (reconciliation, C2), when it can. The
-relay owns the rest: leases, deadlines, concurrency, the breaker's verdict, settling.
+A destination (a sink kind) is one package under `relayd/sinks/`: its settings (a model
+derived from `SinkSettings`), the message it builds, the pure classification of its answers
+and the sink itself, registered by one line in `relayd/sinks/registry.py`. Nothing outside
+`relayd/sinks/` names a kind: the daemon, `relayd check`, the demo, the producer's checks
+and the service manager's credentials all come from the registered settings model.
+
+A sink owns its wire: how a claim's rows travel (one request each, or batches) and what each
+answer means, as an outcome value (`relayd.core.outcomes`). What every sink must do the same
+way is here:
+
+- `report`: how the outcome of an exchange feeds the circuit breaker (`SinkHealth`);
+- `SendWindow`: nothing that could store a row leaves after the claim's start-by bound (C4);
+- `refusal`: the checks a producer runs before it appends (`relayd.producer`) and the relay
+  before it sends: the envelope's size, then what the kind itself refuses unsent.
+
+The engine owns the rest: leases, deadlines, concurrency, the breaker's verdict, settling.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, Protocol
+from typing import Annotated, ClassVar, Protocol, TypeVar
 
 from pydantic import AfterValidator, Field, PrivateAttr
 
-from relayd.models import TYPE_PATTERN, ClaimedRow, Envelope, NotFound, Outcome
-from relayd.sections import MAX_DURATION_S, Section
+from relayd.config.base import MAX_DURATION_S, Section
+from relayd.core.envelope import TYPE_PATTERN, Envelope, too_large
+from relayd.core.errors import ConfigError
+from relayd.core.outcomes import DeadLetter, Outcome, Published, SinkDown
+from relayd.core.rows import ClaimedRow
 
 # Told of every exchange with the sink: its operation (for an HTTP sink, the method) and its
 # result as a bounded label: a status or code as text, "error" (no answer: the transport
 # failed) or "timeout" (the attempt's deadline ended it). `relayd_sink_requests_total`.
 ExchangeObserver = Callable[[str, str], None]
+
+_O = TypeVar("_O")
 
 
 def _event_type(value: str) -> str:
@@ -45,10 +62,10 @@ class Capabilities:
     # publishes), each still with an outcome of its own: if not, the relay sends each row in
     # an attempt of its own and never asks the sink to group them.
     batches: bool
-    # Whether the sink can say what it holds under a row's id. With it, a row an earlier
-    # attempt may have delivered is looked up before it is sent again, and an ambiguous
-    # outcome (no answer) is resolved then; without it, the row is sent again with the same
-    # id and the receiver deduplicates (at least once).
+    # Whether the sink looks up what it holds under a row's id before it sends that row
+    # again (the OJS sink's GET). With it, an ambiguous outcome (no answer) is resolved on
+    # the next attempt; without it, the row is sent again with the same id and the receiver
+    # deduplicates (at least once), which the relay logs as a re-send.
     reconcile_by_id: bool
 
     @property
@@ -78,14 +95,44 @@ class SinkHealth(Protocol):
         an operator acts (refused credentials, a wrong address)."""
 
 
+def report(health: SinkHealth, outcome: _O, *, write: bool = True) -> _O:
+    """Tell the breaker what one exchange showed, and hand its outcome back: a failure of the
+    sink (`SinkDown`) always; for a write, a row it stored (or was found to hold) or, for
+    anything else, a verdict on the row (C5). A read is told only when it failed."""
+    if isinstance(outcome, SinkDown):
+        health.sink_failed(severe=outcome.severe)
+    elif write:
+        if isinstance(outcome, Published):
+            health.sink_accepted()
+        else:
+            health.sink_answered()
+    return outcome
+
+
+@dataclass(frozen=True, slots=True)
+class SendWindow:
+    """When a claim's requests may still leave (C4): nothing that could store a row is sent
+    after `send_by` (loop time), a timeout's worth before the lease ends, so that an attempt
+    that starts in time also ends, and settles, before another owner may take the rows.
+    A request that could only read (a lookup by id) needs no window."""
+
+    send_by: float
+
+    def closed(self) -> bool:
+        """Whether it is too late to send: the row is then `NotStarted` (released)."""
+        return asyncio.get_running_loop().time() > self.send_by
+
+
 class Sink(Protocol):
-    """A destination for outbox rows."""
+    """A destination for outbox rows, as the engine calls it."""
 
     @property
     def capabilities(self) -> Capabilities: ...
 
     async def start(self) -> None:
-        """Open connections; called once before any other method."""
+        """Get ready to send (load a CA bundle, open a session); called once before any
+        other method. A destination that is down is not a failed start: the first exchange
+        finds out, and the breaker handles it."""
 
     async def close(self) -> None:
         """Release connections; no method is called afterwards."""
@@ -97,27 +144,22 @@ class Sink(Protocol):
         only of a sink whose capabilities say it batches."""
 
     async def publish(
-        self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope], *, send_by: float
+        self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope], *, window: SendWindow
     ) -> dict[str, Outcome]:
         """Publish one request's rows (a list from `group_requests`, or one row) and classify
-        the answers, one outcome per row. A row an earlier attempt may have delivered is
-        reconciled first, where the sink can. No request that could store a row leaves
-        after `send_by` (loop time): such rows are `NotStarted` (C4)."""
+        the answers, one outcome per row, each exchange `report`ed. No request that could
+        store a row leaves once `window` is closed: such rows are `NotStarted` (C4)."""
 
     async def check(self) -> tuple[bool, str]:
         """Whether the sink answers and accepts our credentials, and one line saying so
         (`relayd check`; the breaker's probe when it has no row to send). Stores nothing
         and reports nothing to `SinkHealth`."""
 
-    async def reconcile(self, row: ClaimedRow, envelope: Envelope) -> Outcome | NotFound:
-        """What the sink holds under the row's id: published (it holds this envelope),
-        dead-lettered (it holds another), `NotFound`, or a failure (C2). A sink that cannot
-        look up an id answers `NotFound`, and says so in its capabilities."""
-
 
 class SinkSettings(Section):
     """`[sink]`: the keys every kind shares; each kind's model adds its own (a key of another
-    kind is refused as unknown). `kind` chooses the model (`relayd/sinks/registry.py`)."""
+    kind is refused as unknown). `kind` chooses the model (`relayd/sinks/registry.py`), and
+    the model's class variables are what the rest of relayd knows of the kind."""
 
     kind: str
     # Each attempt's deadline; the lease must outlive two of them (`relay.lease_s`).
@@ -131,12 +173,19 @@ class SinkSettings(Section):
     # configuration imports no transport); its constructor takes (settings, health, *,
     # observe).
     sink_class: ClassVar[str]
+    # The modules the sink needs beyond relayd's own dependencies (its client library), and
+    # the extra that installs them (`pip install 'relayd[EXTRA]'`).
+    client_modules: ClassVar[tuple[str, ...]] = ()
+    extra: ClassVar[str | None] = None
+    # `relayd demo --sink KIND`, as "module:Class" naming the kind's `relayd.demo.Demo`
+    # (imported only by the demo); None: no demo.
+    demo: ClassVar[str | None] = None
     # systemd credentials this kind reads when the unit passes them: the `*_file` key to
     # fill, then the credential's name and every key that must be unset for it to be used.
     credentials: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     # The keys only the sink's connection reads (credentials, a CA bundle): a producer that
     # loads the configuration for its bounds and routes drops them unread
-    # (`relayd.config.load_producer_sections`), since it neither has nor needs the secrets.
+    # (`relayd.settings.load_producer_sections`), since it neither has nor needs the secrets.
     connection_keys: ClassVar[frozenset[str]] = frozenset()
 
     # The longest time from a row's first attempt to its last, from the retry and relay
@@ -157,9 +206,39 @@ class SinkSettings(Section):
         """Where rows go, in words an operator recognises (a URL, servers and a stream)."""
         raise NotImplementedError
 
+    def refuses(self, envelope: Envelope) -> DeadLetter | None:
+        """What this kind refuses to send, decided from the envelope alone (no route for
+        its type, a message over the kind's own bound): the dead letter the relay would
+        record. None: nothing, as by default."""
+        return None
+
+    @classmethod
+    def require_client(cls) -> None:
+        """`ConfigError` naming `sink.kind` and the extra to install when the kind's client
+        library is missing: `relayd run`, `relayd check` and the demo need it, the operator
+        commands and the producers do not."""
+        missing = [name for name in cls.client_modules if importlib.util.find_spec(name) is None]
+        if missing:
+            kind = cls.model_fields["kind"].default
+            raise ConfigError(
+                "sink.kind",
+                f"kind {kind!r} needs {', '.join(missing)}, which is not installed: "
+                f"install relayd[{cls.extra}] (pip install 'relayd[{cls.extra}]')",
+            )
+
     def build(self, health: SinkHealth, observe: ExchangeObserver | None = None) -> Sink:
         """The sink these settings describe, reporting to `health` and `observe`;
-        `relayd.errors.ConfigError` naming the key when a setting it needs is missing."""
+        `relayd.core.errors.ConfigError` naming the key when a setting it needs is missing,
+        or naming the extra when the kind's client library is not installed."""
+        self.require_client()
         module, _, name = self.sink_class.partition(":")
         sink: Sink = getattr(importlib.import_module(module), name)(self, health, observe=observe)
         return sink
+
+
+def refusal(settings: SinkSettings, envelope: Envelope, stored_bytes: int) -> DeadLetter | None:
+    """Why the sink of `settings` would never send this envelope (`stored_bytes`: its text as
+    PostgreSQL gives it back, UTF-8), or None: over `sink.max_envelope_bytes`, then what the
+    kind refuses unsent. The producer runs it before appending; the relay records the same
+    dead letters."""
+    return too_large(stored_bytes, settings.max_envelope_bytes) or settings.refuses(envelope)

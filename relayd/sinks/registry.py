@@ -8,11 +8,11 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from relayd.sections import KeyedError
+from relayd.config.base import KeyedError
 from relayd.sinks import SinkSettings
-from relayd.sinks.nats_settings import NatsSettings
-from relayd.sinks.ojs_settings import OjsSettings
-from relayd.sinks.webhook_settings import WebhookSettings
+from relayd.sinks.nats.settings import NatsSettings
+from relayd.sinks.ojs.settings import OjsSettings
+from relayd.sinks.webhook.settings import WebhookSettings
 
 DEFAULT_KIND = "ojs"
 

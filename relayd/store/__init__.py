@@ -1,4 +1,4 @@
-"""The only asyncpg user: one method per named query in `sql/queries.sql`.
+"""The only asyncpg user: one method per named query, each module's SQL in `sql/<module>.sql`.
 
 Connection-level failures (refused, reset, server shutting down, statement timeout) are
 translated here into `DatabaseUnavailable`; callers back off and retry.
@@ -6,7 +6,6 @@ translated here into `DatabaseUnavailable`; callers back off and retry.
 
 from __future__ import annotations
 
-from relayd.store.backlog import BacklogQueries
 from relayd.store.connection import (
     FATAL_CONNECT,
     _server_settings,
@@ -17,9 +16,9 @@ from relayd.store.connection import (
 )
 from relayd.store.cycle import CycleQueries
 from relayd.store.health import HealthQueries
-from relayd.store.held import HeldQueries
 from relayd.store.listen import Listener, ListenQueries
-from relayd.store.operator import OperatorQueries
+from relayd.store.pauses import PauseQueries
+from relayd.store.sampling import BacklogQueries
 from relayd.store.schema import RELAY_COLUMNS, AppliedMigration, MigrationStep, SchemaQueries
 
 __all__ = [
@@ -39,8 +38,7 @@ __all__ = [
 
 class Store(
     CycleQueries,
-    HeldQueries,
-    OperatorQueries,
+    PauseQueries,
     SchemaQueries,
     BacklogQueries,
     HealthQueries,

@@ -7,16 +7,17 @@ import contextlib
 import re
 from collections.abc import Iterator
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import TYPE_CHECKING, Any, Self
 
 import asyncpg
 
-from relayd.errors import ConfigError, DatabaseUnavailable, PrivilegeError, StatementError
-from relayd.models import OutboxTable
-from relayd.privileges import explain_denial
+from relayd.core.errors import ConfigError, DatabaseUnavailable, PrivilegeError, StatementError
+from relayd.core.rows import OutboxTable
+from relayd.store.privileges import explain_denial
 
 if TYPE_CHECKING:
-    from relayd.config import Settings
+    from relayd.settings import Settings
 
 # Failures that say "this connection is gone, or the server cannot serve it right now", not
 # "this statement is wrong". A PostgreSQL restart or failover, pg_terminate_backend, a network
@@ -66,27 +67,36 @@ FATAL_CONNECT: tuple[type[BaseException], ...] = (
 )
 
 _NAME_LINE = re.compile(r"^-- (name|fragment): (\w+)\s*$", re.M)
-# Section banners between blocks (`-- ====`) organise the file; they are not sent to the server.
-_BANNER_LINE = re.compile(r"^-- =+\n(?:-- .*\n)*?-- =+\s*$", re.M)
+# Each store module's statements are in a file of its own name (`sql/cycle.sql` for
+# `cycle.py`); a fragment may be used by any block.
+_SQL = "sql"
 
 
-def load_queries(table: OutboxTable) -> dict[str, str]:
-    """Read the named blocks, put each fragment where a block names it (`@fragment@`), and
-    bind the table identifiers into them, once."""
-    text = resources.files("relayd").joinpath("sql/queries.sql").read_text(encoding="utf-8")
-    pieces = _NAME_LINE.split(_BANNER_LINE.sub("", text))
+def load_queries(table: OutboxTable, directory: Traversable | None = None) -> dict[str, str]:
+    """Read the named blocks of every file in `directory` (relayd's own `sql/`), put each
+    fragment where a block names it (`@fragment@`), and bind the table identifiers into
+    them, once. A name given twice, in one file or in two, is refused: the second block
+    would silently replace the first."""
     queries: dict[str, str] = {}
     fragments: dict[str, str] = {}
-    for kind, name, body in zip(pieces[1::3], pieces[2::3], pieces[3::3], strict=True):
-        if name in queries or name in fragments:
-            # A second block of one name would silently replace the first.
-            raise RuntimeError(f"sql/queries.sql names two blocks {name!r}")
-        if kind == "fragment":
-            fragments[name] = _uncommented(body)
-        else:
-            queries[name] = body.strip()
-    for name, sql in queries.items():
-        whole = sql
+    where: dict[str, str] = {}
+    sql = resources.files("relayd.store").joinpath(_SQL) if directory is None else directory
+    for file in sorted(sql.iterdir(), key=lambda entry: entry.name):
+        if not file.name.endswith(".sql"):
+            continue
+        pieces = _NAME_LINE.split(file.read_text(encoding="utf-8"))
+        for kind, name, body in zip(pieces[1::3], pieces[2::3], pieces[3::3], strict=True):
+            if name in where:
+                raise RuntimeError(
+                    f"sql/{file.name} names a block {name!r}, as sql/{where[name]} does"
+                )
+            where[name] = file.name
+            if kind == "fragment":
+                fragments[name] = _uncommented(body)
+            else:
+                queries[name] = body.strip()
+    for name, statement in queries.items():
+        whole = statement
         for fragment, part in fragments.items():
             whole = whole.replace(f"@{fragment}@", f"({part})")
         queries[name] = render(whole, table)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from relayd.models import ClaimBatch, ClaimedRow
+from relayd.core.rows import ClaimBatch, ClaimedRow
 from relayd.store.connection import StoreBase, _translated
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import asyncpg
 
-from relayd.privileges import Privilege
 from relayd.store.connection import StoreBase, _translated
+from relayd.store.privileges import Privilege
 
 
 class HealthQueries(StoreBase):

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from relayd.errors import MigrationError, SchemaError
+from relayd.core.errors import MigrationError, SchemaError
 from relayd.store.connection import StoreBase, _translated
 
 # Columns `relayd run` needs; their absence means the outbox was never migrated.

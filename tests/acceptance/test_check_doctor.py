@@ -12,7 +12,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from relayd.migrate import load_migrations
+from relayd.store.migrations import load_migrations
 from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from relayd.testing.processes import free_port
 from tests.support import Database, dsn_as, produce, run_relayd

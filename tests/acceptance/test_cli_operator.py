@@ -8,7 +8,7 @@ import json
 import asyncpg
 import pytest
 
-from relayd.models import DeadReason
+from relayd.core.outcomes import DeadReason
 from relayd.producer import uuid7
 from tests.support import Database, produce, run_relayd_blocking
 

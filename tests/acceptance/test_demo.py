@@ -1,5 +1,6 @@
-"""`relayd demo --keep` as an operator meets it: after its run, the embedded PostgreSQL and the
-emulator stay up behind a configuration file the operator commands take, until Ctrl-C."""
+"""`relayd demo --keep` as an operator meets it, for every destination: after its run, the
+embedded PostgreSQL and the destination's stand-in stay up behind a configuration file the
+operator commands take, until Ctrl-C."""
 
 from __future__ import annotations
 
@@ -7,12 +8,22 @@ import asyncio
 import signal
 from pathlib import Path
 
+import pytest
+
 from tests.support import run_relayd, start_relayd
 
 _STARTED_S = 60.0  # an embedded PostgreSQL to create, then the demo's run (about 15 s)
 _STOPPED_S = 30.0
-# The demo's poison rows (relayd/demo.py), one per reason.
-POISON = {"invalid_envelope", "too_large", "sink_rejected", "sink_unprocessable"}
+# Each destination's demo: its poison rows, one per reason it is dead-lettered for, and what
+# stands in for the destination (relayd/demo/<kind>.py).
+DEMOS = {
+    "ojs": (
+        {"invalid_envelope", "too_large", "sink_rejected", "sink_unprocessable"},
+        "the emulator",
+    ),
+    "nats": ({"invalid_envelope", "too_large", "no_route", "conflict"}, "nats-server"),
+    "webhook": ({"invalid_envelope", "too_large", "sink_rejected"}, "the receiver"),
+}
 
 
 async def _config_path(process: asyncio.subprocess.Process) -> Path:
@@ -26,11 +37,16 @@ async def _config_path(process: asyncio.subprocess.Process) -> Path:
     raise AssertionError(f"the demo ended (code {await process.wait()}) without a config")
 
 
-async def test_demo_keep_serves_its_dead_letters_until_sigint(cli_env: dict[str, str]) -> None:
-    """1. `relayd demo --keep` prints a configuration file once its run is over; 2. `relayd
-    dlq list --config PATH` lists the demo's four poison rows from the PostgreSQL it kept;
-    3. SIGINT stops it: exit 0, its directory (PostgreSQL's data, the file) removed."""
-    process = await start_relayd("demo", "--rows", "100", "--keep", env=cli_env)
+@pytest.mark.parametrize("kind", sorted(DEMOS))
+async def test_demo_keep_serves_its_dead_letters_until_sigint(
+    kind: str, cli_env: dict[str, str]
+) -> None:
+    """1. `relayd demo --sink KIND --keep` prints a configuration file once its run is over;
+    2. `relayd dlq list --config PATH` lists the demo's poison rows from the PostgreSQL it
+    kept, and `relayd check --config PATH` passes against the stand-in it kept; 3. SIGINT
+    stops it: exit 0, its directory (PostgreSQL's data, the file) removed."""
+    poison, destination = DEMOS[kind]
+    process = await start_relayd("demo", "--sink", kind, "--rows", "100", "--keep", env=cli_env)
     try:
         config = await _config_path(process)  # 1.
         assert config.is_file()
@@ -38,14 +54,16 @@ async def test_demo_keep_serves_its_dead_letters_until_sigint(cli_env: dict[str,
         code, out, err = await run_relayd("dlq", "list", "--config", str(config), env=cli_env)
         assert code == 0, err  # 2.
         rows = out.splitlines()[1:-1]
-        assert {row.split()[2] for row in rows} == POISON
-        assert out.splitlines()[-1] == "4 dead letters, newest first"
+        assert {row.split()[2] for row in rows} == poison
+        assert out.splitlines()[-1] == f"{len(poison)} dead letters, newest first"
+        code, out, err = await run_relayd("check", "--config", str(config), env=cli_env)
+        assert code == 0, out + err
 
         process.send_signal(signal.SIGINT)  # 3.
         async with asyncio.timeout(_STOPPED_S):
             rest, _ = await process.communicate()
         assert process.returncode == 0, rest
-        assert rest.decode().endswith("stopping PostgreSQL and the emulator\n")
+        assert rest.decode().endswith(f"stopping PostgreSQL and {destination}\n")
         assert not config.parent.exists()
     finally:
         if process.returncode is None:

@@ -20,10 +20,3 @@ async def test_the_nats_demo_checks_every_event_in_the_stream(cli_env: dict[str,
         "4 (conflict 1, invalid_envelope 1, no_route 1, too_large 1)"
     )
     assert "stream check       OK: 301 messages in EVENTS" in out
-
-
-async def test_keep_is_for_the_ojs_demo(cli_env: dict[str, str]) -> None:
-    """`--keep` with `--sink nats` is refused in one line (exit 2) before anything starts."""
-    code, out, err = await run_relayd("demo", "--sink", "nats", "--keep", env=cli_env)
-    assert (code, out) == (2, "")
-    assert err.strip().endswith("--keep: is for the OJS demo only (--sink ojs)")

@@ -21,10 +21,3 @@ async def test_the_webhook_demo_checks_every_delivery_at_the_receiver(
     assert lines["published"].split()[1] == "200"
     assert lines["dead-lettered"].endswith("3 (invalid_envelope 1, sink_rejected 1, too_large 1)")
     assert "receiver check     OK: " in out
-
-
-async def test_keep_is_for_the_ojs_demo(cli_env: dict[str, str]) -> None:
-    """`--keep` with `--sink webhook` is refused in one line (exit 2) before anything starts."""
-    code, out, err = await run_relayd("demo", "--sink", "webhook", "--keep", env=cli_env)
-    assert (code, out) == (2, "")
-    assert err.strip().endswith("--keep: is for the OJS demo only (--sink ojs)")

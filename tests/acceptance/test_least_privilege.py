@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 
 from relayd.operator.check import CheckLine, Verdict, failed, run_checks
-from relayd.privileges import Kind, Privilege, Role, role_privileges
+from relayd.store.privileges import Kind, Privilege, Role, role_privileges
 from relayd.testing.emulator import RunningEmulator
 from relayd.testing.processes import free_port
 from tests.faults.harness import Scene, await_ok

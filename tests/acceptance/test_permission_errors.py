@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import asyncpg
 import pytest
 
-from relayd.privileges import Obj, Role, grant_script
+from relayd.store.privileges import Obj, Role, grant_script
 from tests.support import DEFAULT_TABLE, Database, dsn_as, rows_in_every_state, run_relayd
 
 # Make a login role holding `role`'s grants except one privilege on one object; its name.

@@ -9,7 +9,7 @@ import signal
 import asyncpg
 
 from relayd.testing.emulator import start_emulator
-from relayd.testing.faults import FaultRule
+from relayd.testing.emulator.faults import FaultRule
 from tests.support import (
     Database,
     drained,

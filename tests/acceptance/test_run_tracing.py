@@ -12,8 +12,8 @@ from typing import Any
 import asyncpg
 
 from relayd.producer import enqueue_many, new_job
+from relayd.telemetry.tracing import SPAN_CLAIM, SPAN_PUBLISH, SPAN_SETTLE
 from relayd.testing.emulator import start_emulator
-from relayd.tracing import SPAN_CLAIM, SPAN_PUBLISH, SPAN_SETTLE
 from tests.support import Database, drained, eventually, start_relayd
 from tests.trace_cases import SPAN_ID, TRACE_ID, TRACEPARENT, TRACESTATE
 

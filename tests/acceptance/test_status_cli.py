@@ -12,13 +12,13 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from relayd import reconnect
-from relayd.housekeeping import Housekeeping
-from relayd.metrics import RelayMetrics
-from relayd.reconnect import DatabaseRetry
-from relayd.retry import Backoff, BreakerState
-from relayd.sampler import InstanceInfo, Sampler
+from relayd.core.retry import Backoff, BreakerState
+from relayd.daemon.sampler import InstanceInfo, Sampler
+from relayd.engine.chores import Housekeeping
 from relayd.store import Store
+from relayd.store import outage as reconnect
+from relayd.store.outage import DatabaseRetry
+from relayd.telemetry.metrics import RelayMetrics
 from relayd.testing.emulator import RunningEmulator
 from relayd.testing.processes import free_port
 from tests.support import (

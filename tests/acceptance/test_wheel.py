@@ -10,14 +10,16 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
+import asyncpg
 import pytest
 
-from relayd import __version__
-from relayd.config import DEFAULT_CONFIG_PATH
+from relayd.core import __version__
+from relayd.settings import DEFAULT_CONFIG_PATH
 from relayd.testing.emulator import RunningEmulator
-from tests.support import Database, relayd_env, run_relayd_blocking
+from tests.support import Database, produce, relayd_env, run_relayd_blocking
 
 ROOT = Path(__file__).resolve().parents[2]
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
@@ -54,7 +56,7 @@ def _env(site: Path, **extra: str) -> dict[str, str]:
 def test_installed_wheel_finds_its_migrations(installed_wheel: Path, tmp_path: Path) -> None:
     """load_migrations() reads relayd/_migrations from the installed package."""
     script = (
-        "import json, relayd, relayd.migrate as m; "
+        "import json, relayd, relayd.store.migrations as m; "
         "print(json.dumps({'pkg': relayd.__file__, 'dir': str(m.migrations_dir()), "
         "'versions': [x.version for x in m.load_migrations()]}))"
     )
@@ -105,13 +107,9 @@ def test_installed_wheel_migrates_a_database(
 # --- what the container image runs ---------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def image_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtual environment outside the tree with the wheel installed as the image
-    installs it, its `relayd` script included. The dependencies come from the test
-    environment's site-packages (a .pth line; the tests reach no package index), at the
-    versions deploy/constraints.txt pins for the image."""
-    venv = tmp_path_factory.mktemp("image") / "venv"
+def _venv_with(wheel: Path, venv: Path) -> tuple[Path, Path]:
+    """A fresh virtual environment at `venv` with the wheel installed, without its
+    dependencies; the environment and its site-packages."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     subprocess.run(
@@ -119,14 +117,22 @@ def image_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True,
         timeout=300,
     )
-    site = Path(
-        subprocess.run(
-            [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    )
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return venv, Path(site)
+
+
+@pytest.fixture(scope="module")
+def image_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual environment outside the tree with the wheel installed as the image
+    installs it, its `relayd` script included. The dependencies come from the test
+    environment's site-packages (a .pth line; the tests reach no package index), at the
+    versions deploy/constraints.txt pins for the image."""
+    venv, site = _venv_with(wheel, tmp_path_factory.mktemp("image") / "venv")
     (site / "zz_test_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
     return venv
 
@@ -247,3 +253,115 @@ async def test_healthcheck_answers_for_a_daemon_configured_by_environment_alone(
     assert unhealthy.stderr.count("\n") == 1
     # 4.
     assert _files(image_venv) == before
+
+
+# --- what a plain install holds and needs -----------------------------------------------------
+
+# The fault suite's switches: test code, in no wheel (tests/faults/switches/).
+_TEST_RIG = ("mutants", "failpoints", "launch", "patches", "webhook_mutants")
+
+
+def test_the_wheel_carries_no_test_rig(wheel: Path) -> None:
+    """The built wheel holds relayd's modules, its SQL and migrations, and none of the fault
+    suite's switches (mutants, failpoints, their launcher)."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    modules = {Path(name).stem for name in names if name.endswith(".py")}
+    assert modules.isdisjoint(_TEST_RIG), sorted(modules & set(_TEST_RIG))
+    assert not [name for name in names if name.startswith("tests/")]
+    assert "relayd/engine/relay.py" in names
+    assert "relayd/store/sql/cycle.sql" in names
+    assert "relayd/_migrations/0001_outbox.sql" in names
+
+
+# A destination's client library, and what it alone brings: not in a plain install.
+_NATS_EXTRA = frozenset({"nats", "nkeys", "nacl"})
+
+
+@pytest.fixture(scope="module")
+def plain_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual environment with the wheel and relayd's own dependencies, as `pip
+    install relayd` leaves it: no extra, so no NATS client. The dependencies are this test
+    environment's, less the `nats` extra's packages (the tests reach no package index)."""
+    root = tmp_path_factory.mktemp("plain")
+    venv, site = _venv_with(wheel, root / "venv")
+    dependencies = root / "dependencies"
+    dependencies.mkdir()
+    for entry in Path(sysconfig.get_path("purelib")).iterdir():
+        top = entry.name.split("-")[0].split(".")[0].lower().replace("_py", "")
+        if top in _NATS_EXTRA or entry.name.startswith(("relayd", "_relayd", "__editable__")):
+            continue
+        (dependencies / entry.name).symlink_to(entry)
+    (site / "zz_test_dependencies.pth").write_text(f"{dependencies}\n")
+    return venv
+
+
+async def test_a_plain_install_relays_without_the_nats_client(
+    plain_venv: Path,
+    database: Database,
+    conn: asyncpg.Connection,
+    emulator: RunningEmulator,
+    tmp_path: Path,
+) -> None:
+    """1. Without the `nats` extra the NATS client cannot be imported; 2. `relayd run`
+    against an OJS server publishes every row; 3. `kind = "nats"` is refused in one line
+    naming the extra, exit 2, by `relayd run` and `relayd check` alike."""
+    python, relayd = plain_venv / "bin" / "python", plain_venv / "bin" / "relayd"
+    # 1.
+    probe = await asyncio.to_thread(
+        subprocess.run,
+        [str(python), "-c", "import relayd, nats"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "No module named 'nats'" in probe.stderr
+    # 2.
+    ids = await produce(conn, 20)
+    config = tmp_path / "relayd.toml"
+    config.write_text(
+        f"[database]\ndsn = {database.dsn!r}\n[sink]\nurl = {emulator.url!r}\n"
+        "[http]\nenabled = false\n[relay]\npoll_interval_s = 0.1\n"
+    )
+    env = relayd_env({"RELAYD_CONFIG": str(config)})
+    daemon = await asyncio.create_subprocess_exec(
+        relayd, "run", env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        async with asyncio.timeout(60):
+            while set(ids) - set(emulator.emulator.ledger()):
+                assert daemon.returncode is None, "relayd run exited"
+                await asyncio.sleep(0.1)
+        daemon.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            _, stderr = await daemon.communicate()
+        assert daemon.returncode == 0, stderr.decode()[-2000:]
+    finally:
+        if daemon.returncode is None:
+            daemon.kill()
+            await daemon.wait()
+    # 3.
+    config.write_text(
+        f"[database]\ndsn = {database.dsn!r}\n[http]\nenabled = false\n"
+        "[sink]\nkind = 'nats'\nservers = ['nats://127.0.0.1:4222']\nstream = 'E'\n"
+        "routes = [{type = 'order.paid', subject = 'orders.paid'}]\n"
+    )
+    refused = (
+        "relayd: config error: sink.kind: kind 'nats' needs nats, nkeys, which is not "
+        "installed: install relayd[nats] (pip install 'relayd[nats]')\n"
+    )
+    for command in ("run", "check"):
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [str(relayd), command],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if command == "run":
+            assert (result.returncode, result.stderr) == (2, refused)
+        else:
+            assert result.returncode == 1
+            assert "sink.kind: kind 'nats' needs nats, nkeys" in result.stdout

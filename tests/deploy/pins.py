@@ -2,8 +2,9 @@
 
 `make constraints` writes it from the versions installed in `.venv`, the ones `make test`
 ran with (`make venv` installs under the same constraints, so they stay the tested ones).
-Only relayd's runtime closure is pinned (no extras, no development tools), with the
-markers of the Python running this (the image's Python 3.11 on Linux).
+Only relayd's runtime closure is pinned, with the extras the image installs (every
+destination's client and the OpenTelemetry exporter: `IMAGE_EXTRAS`) and no development
+tools, with the markers of the Python running this (the image's Python 3.11 on Linux).
 """
 
 from __future__ import annotations
@@ -22,14 +23,23 @@ HEADER = (
 )
 
 
-def runtime_pins(root: str = "relayd") -> dict[str, str]:
-    """Every distribution `root` needs at run time (transitively), with its installed version."""
+# The extras the image installs with the wheel (the Dockerfile's `[nats,otel]`).
+IMAGE_EXTRAS = ("nats", "otel")
+
+
+def runtime_pins(root: str = "relayd", extras: tuple[str, ...] = IMAGE_EXTRAS) -> dict[str, str]:
+    """Every distribution `root` with `extras` needs at run time (transitively), with its
+    installed version."""
     pins: dict[str, str] = {}
     todo = [root]
     while todo:
-        for text in metadata.requires(todo.pop()) or []:
+        name_of = todo.pop()
+        wanted = ("", *extras) if name_of == root else ("",)
+        for text in metadata.requires(name_of) or []:
             requirement = Requirement(text)
-            if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            if requirement.marker is not None and not any(
+                requirement.marker.evaluate({"extra": extra}) for extra in wanted
+            ):
                 continue
             name = canonicalize_name(requirement.name)
             if name not in pins:

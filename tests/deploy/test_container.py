@@ -32,6 +32,8 @@ def test_runtime_dependencies_are_installed_under_the_pinned_constraints() -> No
     [install] = [d.arguments for d in final("RUN") if "pip install" in d.arguments]
     assert f"-c {IN_IMAGE}" in install
     assert ".whl" in install
+    # Every destination's client and the OpenTelemetry exporter (the pinned extras).
+    assert f"[{','.join(pins.IMAGE_EXTRAS)}]" in install
 
 
 def test_base_image_python_is_the_one_the_constraints_were_made_with() -> None:

@@ -11,13 +11,14 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 
-from relayd.config import load_settings
+from relayd.settings import load_settings
 from tests.deploy.conftest import DEPLOY
 from tests.deploy.dockerfile import final
 from tests.support import clear_relayd_env
 
 MANIFESTS = DEPLOY / "kubernetes"
-SETTLE_BOUND_S = 10  # relayd/daemon.py: settling after the grace period takes at most this
+# relayd/daemon/lifecycle.py: settling after the grace period takes at most this.
+SETTLE_BOUND_S = 10
 # Kinds whose schema ships with Kubernetes; the PodMonitor is a CRD of the Prometheus
 # Operator, and the Kustomization is kustomize's own file: their properties are tested below.
 BUILT_IN = {"ConfigMap", "Deployment", "PodDisruptionBudget"}

@@ -12,13 +12,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from relayd.config import parse_listen
+from relayd.config.sections import parse_listen
 from relayd.testing.emulator import (
     Emulator,
     config_from_options,
     uuid7,
 )
-from relayd.testing.faults import FaultRule
+from relayd.testing.emulator.faults import FaultRule
 from tests.emulator.client import (
     BATCH,
     DISCONNECTED,

@@ -17,7 +17,7 @@ transaction's now() and txid_current(), and a serial. Row locks serialise the up
 row and an aborted transaction takes its history rows with it, so a row's transitions in
 serial order are exactly its committed changes.
 
-The stale-token rule follows relayd/sql/queries.sql. `claim` sets lease_owner to a fresh
+The stale-token rule follows relayd/store/sql/. `claim` sets lease_owner to a fresh
 token, adds one attempt and moves available_at to now() + lease_s, only where published_at
 and dead_at are null and available_at <= now(). `settle_published` (published_at),
 `settle_dead` (dead_at), `settle_retry` (available_at, attempts - 0 or 1) and `release`
@@ -57,8 +57,8 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from relayd import jsonvalue
-from relayd.models import OutboxTable
+from relayd.core import jsonvalue
+from relayd.core.rows import OutboxTable
 from tests.support import DEFAULT_TABLE
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from relayd.models import OutboxTable
+from relayd.core.rows import OutboxTable
 from relayd.testing.processes import free_port
 from tests.faults.checker import Report, assert_clean, check, install_history
 from tests.support import DEFAULT_TABLE, produce, relayd_argv, relayd_env
@@ -56,7 +56,7 @@ FAST: Mapping[str, str] = {
 def child_env(extra: Mapping[str, str]) -> dict[str, str]:
     """What a scenario's child process gets: this environment less its RELAYD_* settings
     (bar the two the suite passes on), then `extra`."""
-    # A mutant (relayd/testing/mutants.py) selected for a negative control reaches every
+    # A mutant (tests/faults/switches/mutants.py) selected for a negative control reaches every
     # relay.
     return relayd_env(extra, keep=("RELAYD_TEST_OJS_CONFORMANCE", "RELAYD_TEST_MUTANT"))
 
@@ -157,7 +157,7 @@ class Sink:
     http: aiohttp.ClientSession
 
     async def faults(self, *rules: Mapping[str, Any]) -> None:
-        """Script faults (the rule JSON of relayd.testing.faults), replacing none."""
+        """Script faults (the rule JSON of relayd.testing.emulator.faults), replacing none."""
         async with self.http.post(f"{self.url}/_emulator/faults", json=list(rules)) as answer:
             assert answer.status < 300, await answer.text()
 
@@ -183,7 +183,7 @@ class Scene:
     table: str = str(DEFAULT_TABLE)
     sink: Sink | None = None
     processes: list[Process] = field(default_factory=list)
-    # A deliberately broken relay (relayd/testing/mutants.py) for every relay started now on:
+    # A deliberately broken relay (tests/faults/switches/mutants.py) for every relay started now on:
     # the negative controls of tests/faults/test_mutants.py.
     mutant: str | None = None
 

@@ -18,15 +18,17 @@ from typing import Any, Literal
 
 import asyncpg
 
-from relayd.config import Settings
-from relayd.daemon import Daemon
-from relayd.metrics import RelayMetrics
-from relayd.models import Published
+from relayd.core.outcomes import Published
+from relayd.daemon.lifecycle import Daemon
+from relayd.engine.claim import Claim
+from relayd.engine.relay import RelayContext, RelayWorker
 from relayd.operator.dlq_actions import ActionSummary, DlqRequest, Selection, act, walk_end
-from relayd.operator_models import AuditEntry, DeadLetterFilter, DlqAction
 from relayd.producer import enqueue_many, new_job
-from relayd.relay import Claim, RelayContext, RelayWorker
+from relayd.settings import Settings
+from relayd.sinks import SendWindow
 from relayd.store import Store
+from relayd.store.records import AuditEntry, DeadLetterFilter, DlqAction
+from relayd.telemetry.metrics import RelayMetrics
 from relayd.testing.emulator import (
     Emulator,
     EmulatorConfig,
@@ -189,7 +191,7 @@ class Relay:
             owner=old.owner,
             rows=rows,
             sent_at=now,
-            start_by=now + LEASE_S,
+            window=SendWindow(now + LEASE_S),
             lease_ends=now + LEASE_S,
             answered_at=now,
         )

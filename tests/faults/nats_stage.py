@@ -22,7 +22,7 @@ import nats
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
-from relayd.events import META_OCCURRED_AT, META_VERSION
+from relayd.core.envelope import META_OCCURRED_AT, META_VERSION
 from relayd.testing.nats import NatsServer
 from relayd.testing.processes import free_port
 from tests.faults.checker import Report

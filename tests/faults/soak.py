@@ -31,8 +31,8 @@ from typing import Any
 
 import asyncpg
 
-from relayd.migrate import migrate
 from relayd.store import Store
+from relayd.store.migrations import migrate
 from relayd.testing.postgres import EmbeddedPostgres
 from tests.faults.checker import check
 from tests.faults.harness import Process, Scene, scene

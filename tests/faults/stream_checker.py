@@ -28,8 +28,8 @@ from typing import Any
 import asyncpg
 from nats.aio.client import Client
 
-from relayd.events import META_OCCURRED_AT, META_VERSION
-from relayd.models import OutboxTable
+from relayd.core.envelope import META_OCCURRED_AT, META_VERSION
+from relayd.core.rows import OutboxTable
 from relayd.testing.nats import Stored, read_stream
 from tests.faults.checker import Report, assert_clean, check
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from relayd.models import MAX_TYPE_CHARS
+from relayd.core.envelope import MAX_TYPE_CHARS
 from relayd.producer import new_job
 from tests.faults.harness import Scene
 

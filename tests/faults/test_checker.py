@@ -14,9 +14,9 @@ import aiohttp
 import asyncpg
 import pytest
 
-from relayd.operator_models import AuditEntry, DlqAction
 from relayd.producer import new_job, uuid7
 from relayd.store import Store
+from relayd.store.records import AuditEntry, DlqAction
 from relayd.testing.emulator import EmulatorConfig, FaultRule, RunningEmulator, start_emulator
 from tests.faults.checker import Kind, Report, assert_clean, check, install_history
 from tests.support import Database, drained, eventually, produce, relay_settings, running

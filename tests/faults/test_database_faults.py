@@ -22,8 +22,8 @@ import aiohttp
 import asyncpg
 import pytest
 
-from relayd.migrate import connect_and_migrate
 from relayd.producer import enqueue_many, new_job
+from relayd.store.migrations import connect_and_migrate
 from relayd.testing.postgres import EmbeddedPostgres
 from relayd.testing.processes import free_port
 from tests.faults.harness import Process, Scene, await_ok

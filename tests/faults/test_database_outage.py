@@ -8,8 +8,8 @@ import random
 
 import asyncpg
 
-from relayd.daemon import Daemon
-from relayd.metrics import RelayMetrics
+from relayd.daemon.lifecycle import Daemon
+from relayd.telemetry.metrics import RelayMetrics
 from relayd.testing.emulator import RunningEmulator
 from tests.faults.checker import assert_clean, check, install_history
 from tests.support import Database, TcpProxy, drained, eventually, pending, produce, relay_settings

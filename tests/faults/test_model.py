@@ -44,8 +44,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from relayd.operator_models import RowOutcome
-from relayd.relay import Claim
+from relayd.engine.claim import Claim
+from relayd.store.records import RowOutcome
 from tests.faults.checker import Report, assert_clean, check
 from tests.faults.model_support import (
     BATCH_SIZE,

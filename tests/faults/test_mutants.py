@@ -1,6 +1,6 @@
-"""Negative controls: each deliberately broken relay (relayd/testing/mutants.py) makes at least one
-fault scenario fail, with the violation that mutant should cause. A scenario that still
-passed against a mutant would prove nothing about the rule that mutant breaks."""
+"""Negative controls: each deliberately broken relay (tests/faults/switches/mutants.py) makes
+at least one fault scenario fail, with the violation that mutant should cause. A scenario
+that still passed against a mutant would prove nothing about the rule that mutant breaks."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from relayd.testing.mutants import MUTANTS
 from tests.faults import nats_scenarios, scenarios
 from tests.faults.harness import Scene
+from tests.faults.switches.mutants import MUTANTS
 
 Scenario = Callable[[Scene], Awaitable[None]]
 

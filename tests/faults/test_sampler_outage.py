@@ -8,13 +8,13 @@ import random
 
 import asyncpg
 
-from relayd import reconnect
-from relayd.housekeeping import Chore, Housekeeping
-from relayd.metrics import RelayMetrics
-from relayd.reconnect import DatabaseRetry
-from relayd.retry import Backoff, BreakerState
-from relayd.sampler import InstanceInfo, Sampler
+from relayd.core.retry import Backoff, BreakerState
+from relayd.daemon.sampler import InstanceInfo, Sampler
+from relayd.engine.chores import Chore, Housekeeping
 from relayd.store import Store
+from relayd.store import outage as reconnect
+from relayd.store.outage import DatabaseRetry
+from relayd.telemetry.metrics import RelayMetrics
 from tests.support import Database, TcpProxy, eventually, produce
 
 

@@ -2,7 +2,7 @@
 
 It serves the producer binding (`producer`), the worker binding with the gateway dialect's
 `lease_token` (`worker`), the switches that reproduce how real servers differ (`config`), the
-scripted faults of `relayd.testing.faults`, and a ledger of what each job id went through
+scripted faults of `relayd.testing.emulator.faults`, and a ledger of what each job id went through
 (`state`); `app` puts them behind one aiohttp application.
 
 Control API (no auth, no faults): ``GET /_emulator/ledger``, ``GET|POST|DELETE
@@ -34,10 +34,10 @@ from relayd.testing.emulator.config import (
     QueueSource,
     config_from_options,
 )
+from relayd.testing.emulator.faults import FaultRule
 from relayd.testing.emulator.jobs import UUIDV7_PATTERN
 from relayd.testing.emulator.state import LedgerEntry
 from relayd.testing.emulator.wire import format_time, parse_duration_s
-from relayd.testing.faults import FaultRule
 
 __all__ = [
     "DUPLICATE_MODES",

@@ -1,7 +1,7 @@
 """The emulator's fault actions that reshape a request or its answer on the wire: a batch cut
 down before it is stored, a 2xx batch answer that leaves ids out, an answer whose head is
 trickled byte by byte, and an answer padded past relayd's size limit
-(relayd/testing/faults.py lists every action)."""
+(relayd/testing/emulator/faults.py lists every action)."""
 
 from __future__ import annotations
 

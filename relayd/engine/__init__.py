@@ -1,0 +1,4 @@
+"""The engine room: a relay worker's claim -> publish -> settle (`relay.py`, `settle.py`),
+and what the workers of one process share: the claim's bounds (`claim.py`), each attempt's
+deadline, the circuit breaker's gate, the poison-storm guard, the claim's watermark and the
+housekeeping chores. It knows a destination only through the seam in `relayd/sinks/`."""

@@ -1,0 +1,538 @@
+"""The NATS sink's transport: a claim's rows published as one pipeline (every message
+written, then each PubAck awaited) over the process's connection (`nats_connection.py`),
+each in its route's dedupe mode (the event alone, expecting its own subject empty, or in an
+atomic batch with its marker: `relayd/sinks/nats/dedupe.py`), the stored message read back
+after a duplicate's PubAck or a "wrong last sequence", and `relayd check`'s look at the
+stream.
+
+What each answer means is decided in `relayd/sinks/nats/answers.py`, what is sent in
+`relayd/sinks/nats/message.py`; nats-py's exceptions stop here, turned into outcome values.
+No text leaves the sink with a credential in it: the client is given secrets, never asked
+to print them, and failures are named by type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import nats
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from relayd.core.envelope import Envelope
+from relayd.core.outcomes import (
+    DeadLetter,
+    DeadReason,
+    NotStarted,
+    Outcome,
+    Published,
+    RetryLater,
+    SinkDown,
+)
+from relayd.core.rows import ClaimedRow
+from relayd.sinks import Capabilities, ExchangeObserver, SendWindow, SinkHealth, report
+from relayd.sinks.nats.answers import (
+    Duplicate,
+    Refused,
+    classify_ack,
+    classify_batch_event,
+    classify_exception,
+    classify_marker_reply,
+    classify_stored,
+    read_facts,
+    reply_code,
+    stream_verdict,
+)
+from relayd.sinks.nats.connection import NatsConnection, no_responders
+from relayd.sinks.nats.dedupe import (
+    ATOMIC_DISABLED,
+    BATCH_DUPLICATE_ID,
+    EXPECTED_LAST_SUBJECT_SEQ,
+    MarkerFound,
+    Mode,
+    PastWindow,
+    StreamFacts,
+    Taken,
+    atomic_batch,
+    expecting_new_subject,
+    mode_for,
+    needs_facts,
+    past_window,
+    past_window_action,
+    past_window_dead_letter,
+)
+from relayd.sinks.nats.message import NatsMessage, message_for
+from relayd.sinks.nats.settings import NatsSettings
+from relayd.telemetry.logs import get_logger
+
+API_PREFIX = "$JS.API"
+# How long the server's API level and the stream's configuration are trusted before they are
+# read again (an operator may change the window or allow_atomic at any time).
+_FACTS_TTL_S = 60.0
+
+
+# Asked on every claim: one value.
+_CAPABILITIES = Capabilities(batches=True, reconcile_by_id=False)
+
+
+class NatsSink:
+    """Publishes rows as events to one JetStream stream.
+
+    Nothing is sent once the claim's `SendWindow` is closed (C4), and nothing is sent later than the
+    moment it is handed over: the client's reconnect buffer is off (`pending_size=0`: a
+    publish while disconnected fails at once, unsent), and commands queued but not yet
+    written when a connection drops are discarded, not written after reconnecting.
+    """
+
+    def __init__(
+        self,
+        settings: NatsSettings,
+        health: SinkHealth,
+        *,
+        observe: ExchangeObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        settings.require_routes()
+        settings.target  # noqa: B018 - ConfigError naming sink.servers or sink.stream
+        self._settings = settings
+        self._stream = settings.stream_name
+        self._routes = settings.route_table()
+        self._health = health
+        self._observe = observe
+        self._clock = clock
+        self._log = get_logger("sink")
+        self._connection = NatsConnection(
+            settings,
+            log=self._log,
+            clock=clock,
+            observe=observe,
+            on_reconnected=self._forget_facts,  # perhaps another server, or an upgrade
+        )
+        # What the server and the stream reported, and until when (clock) it is trusted.
+        self._facts: tuple[float, StreamFacts] | None = None
+        self._facts_failure: tuple[float, SinkDown] | None = None
+        self._facts_lock = asyncio.Lock()
+
+    @property
+    def capabilities(self) -> Capabilities:
+        # A claim's rows in one pipeline (`batches`: one attempt). A stream is asked by
+        # sequence or subject, never by message id, so an unanswered publish is re-sent with
+        # the same id; the route's mode keeps the stream from storing it twice, or the
+        # window and sink.past_window decide (docs/nats.md#deduplication).
+        return _CAPABILITIES
+
+    async def start(self) -> None:
+        """No connection yet: it is made by the first exchange, so a server that is down at
+        start-up is a sink outage (the breaker), not a failed start."""
+        self._connection.start()
+
+    async def close(self) -> None:
+        await self._connection.close()
+
+    def _forget_facts(self) -> None:
+        self._facts = None
+
+    # --- the Sink interface ---
+
+    async def group_requests(
+        self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope]
+    ) -> list[list[ClaimedRow]]:
+        # A claim's rows go out as one pipeline: every message written at once, each
+        # waiting for its own PubAck.
+        return [list(rows)]
+
+    async def publish(
+        self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope], *, window: SendWindow
+    ) -> dict[str, Outcome]:
+        outcomes: dict[str, Outcome] = {}
+        piped: list[tuple[ClaimedRow, NatsMessage]] = []
+        alone: list[tuple[ClaimedRow, NatsMessage, Mode]] = []
+        client: Client | SinkDown | None = None
+        for row in rows:
+            message = message_for(
+                envelopes[row.event_id],
+                self._routes,
+                stream=self._stream,
+                source=self._settings.source,
+                max_body_bytes=self._settings.max_payload_bytes,
+            )
+            if isinstance(message, DeadLetter):
+                outcomes[row.event_id] = message  # decided here, nothing sent or noted
+                continue
+            if client is None:  # asked once per claim, once a row is to be sent
+                client = await self._connection.get()
+            mode = await self._prepare(client, row, message, window)
+            if not isinstance(mode, Mode):
+                outcomes[row.event_id] = mode
+                continue
+            if mode is Mode.ATOMIC_MARKER:
+                alone.append((row, message, mode))
+            else:
+                guarded = expecting_new_subject(message) if mode is Mode.ID_IN_SUBJECT else message
+                piped.append((row, guarded))
+        if client is None or isinstance(client, SinkDown):
+            return outcomes
+        if piped:
+            outcomes.update(await self._pipeline(piped, window))
+        if alone:
+            # Each row runs to its end before a failure of relayd's own is raised.
+            results = await asyncio.gather(
+                *(self._send(client, row, message, mode, window) for row, message, mode in alone),
+                return_exceptions=True,
+            )
+            for (row, _, _), result in zip(alone, results, strict=True):
+                if isinstance(result, BaseException):
+                    raise result
+                outcomes[row.event_id] = result
+        return outcomes
+
+    async def check(self) -> tuple[bool, str]:
+        """Connect, then ask JetStream for the account and the stream: the stream exists,
+        its subjects take every route's subject, and its duplicate window is shown."""
+        client = await self._connection.get()
+        if isinstance(client, SinkDown):
+            return False, client.error
+        account = await self._api("account_info", f"{API_PREFIX}.INFO", b"")
+        stream = await self._api("stream_info", f"{API_PREFIX}.STREAM.INFO.{self._stream}", b"")
+        return stream_verdict(
+            account,
+            stream,
+            stream_name=self._stream,
+            routes=self._routes.subjects,
+            max_payload=client.max_payload,
+            max_body_bytes=self._settings.max_payload_bytes,
+            marker_prefix=self._settings.marker_prefix,
+            horizon_s=self._settings.retry_horizon_s,
+            past_window=self._settings.past_window,
+        )
+
+    # --- one row ---
+
+    async def _prepare(
+        self, client: Client | SinkDown, row: ClaimedRow, message: NatsMessage, window: SendWindow
+    ) -> Mode | Outcome:
+        """The route's mode for the row's message; or the row's outcome when it goes no
+        further (too large for the server, past the window, or the sink is down)."""
+        if isinstance(client, SinkDown):
+            return self._noted(client)
+        refused = self._over_max_payload(client, message)
+        if refused is not None:
+            return self._noted(refused) if isinstance(refused, SinkDown) else refused
+        return await self._mode(row, message, window)
+
+    async def _send(
+        self, client: Client, row: ClaimedRow, message: NatsMessage, mode: Mode, window: SendWindow
+    ) -> Outcome:
+        """One row on its own, in its mode."""
+        if window.closed():
+            return NotStarted()
+        if mode is Mode.ATOMIC_MARKER:
+            outcome = await self._publish_batch(client, message, row.event_id, window)
+        elif mode is Mode.ID_IN_SUBJECT:
+            outcome = await self._publish_one(expecting_new_subject(message), row.event_id)
+        else:
+            outcome = await self._publish_one(message, row.event_id)
+        return self._noted(outcome)
+
+    async def _pipeline(
+        self, items: Sequence[tuple[ClaimedRow, NatsMessage]], window: SendWindow
+    ) -> dict[str, Outcome]:
+        """Every message written before any PubAck is awaited, then each answered on its
+        own within sink.timeout_s; a message without an answer by then is ambiguous (the
+        next attempt re-sends it with the same id)."""
+        inbox = self._connection.inbox
+        outcomes: dict[str, Outcome] = {}
+        waiting: list[tuple[ClaimedRow, NatsMessage, asyncio.Future[Msg]]] = []
+        try:
+            for row, message in items:
+                if window.closed():
+                    outcomes[row.event_id] = (
+                        NotStarted()
+                    )  # nothing sent once the window closed (C4)
+                    continue
+                try:
+                    future = await inbox.send(message.subject, message.body, message.headers)
+                except (nats.errors.Error, Refused) as exc:
+                    self._note("publish", _failure_code(exc))
+                    outcomes[row.event_id] = self._noted(
+                        classify_exception(exc, subject=message.subject)
+                    )
+                    continue
+                waiting.append((row, message, future))
+            if waiting:
+                await asyncio.wait([f for _, _, f in waiting], timeout=self._settings.timeout_s)
+        except asyncio.CancelledError:
+            for _, _, future in waiting:
+                if not future.done():
+                    self._note("publish", "timeout")  # the attempt's deadline cut it
+                elif not future.cancelled():
+                    future.exception()  # retrieved: a refusal has no one else to read it
+                future.cancel()
+            raise
+        for row, message, future in waiting:
+            reply = self._piped_reply(message, future)
+            outcomes[row.event_id] = self._noted(
+                reply
+                if not isinstance(reply, Msg)
+                else await self._answered(reply, message, row.event_id)
+            )
+        return outcomes
+
+    def _piped_reply(self, message: NatsMessage, future: asyncio.Future[Msg]) -> Msg | Outcome:
+        """A pipelined publish's reply once the pipeline's wait is over, or what its absence
+        means: no answer in time, a refusal for lack of permission, no responders."""
+        if not future.done():
+            future.cancel()
+            self._note("publish", "timeout")
+            return classify_exception(nats.errors.TimeoutError(), subject=message.subject)
+        failure = future.exception()
+        if failure is not None:  # the server refused the subject (ReplyInbox.refuse)
+            self._note("publish", _failure_code(failure))
+            return classify_exception(failure, subject=message.subject)
+        if no_responders(future.result()):
+            self._note("publish", "no_responders")
+            return classify_exception(nats.errors.NoRespondersError(), subject=message.subject)
+        return future.result()
+
+    async def _publish_one(self, message: NatsMessage, event_id: str) -> Outcome:
+        """The event alone; a publish expecting its subject empty learns whether it is."""
+        reply = await self._request(message)
+        if not isinstance(reply, Msg):
+            return reply
+        return await self._answered(reply, message, event_id)
+
+    async def _answered(self, reply: Msg, message: NatsMessage, event_id: str) -> Outcome:
+        """What the reply to a publish of the event alone means, read back if need be."""
+        answer = classify_ack(
+            reply.data,
+            stream=self._stream,
+            subject=message.subject,
+            guarded=EXPECTED_LAST_SUBJECT_SEQ in message.headers,
+        )
+        if isinstance(answer, Duplicate):
+            self._note("publish", "duplicate")
+            return await self._read_back(answer.seq, message, event_id)
+        self._note("publish", "ok" if isinstance(answer, Published) else reply_code(reply.data))
+        if isinstance(answer, Taken):
+            # The event's own subject holds a message: ours, stored by an earlier attempt
+            # at any time before, or another's (a conflict).
+            return await self._read_back(None, message, event_id)
+        return answer
+
+    async def _mode(
+        self, row: ClaimedRow, message: NatsMessage, window: SendWindow
+    ) -> Mode | Outcome:
+        """The route's dedupe mode (nats_dedupe), or why the row goes no further: the
+        server's facts cannot be read (the sink's failure), or the row is past the window
+        and `sink.past_window` dead-letters it (decided, like a re-send's warning, only for
+        a row still due to be sent)."""
+        if not needs_facts(message.route):
+            return Mode.ID_IN_SUBJECT
+        facts = await self._stream_facts()
+        if isinstance(facts, SinkDown):
+            return self._noted(facts)
+        mode = mode_for(message.route, facts, marker_prefix=self._settings.marker_prefix)
+        if mode is Mode.WINDOW and past_window(
+            claimed_before=row.claimed_before,
+            age_s=row.age_s,
+            window_s=facts.duplicate_window_s,
+            margin_s=self._settings.timeout_s,
+        ):
+            if window.closed():
+                return NotStarted()
+            refused = self._past_window(row, facts)
+            if refused is not None:
+                return refused
+        return mode
+
+    def _past_window(self, row: ClaimedRow, facts: StreamFacts) -> Outcome | None:
+        """An ambiguous row the stream may have forgotten: sent if an operator redrove it
+        since its last attempt, else as `sink.past_window` says."""
+        window_s = facts.duplicate_window_s
+        action = past_window_action(redriven=row.redriven, setting=self._settings.past_window)
+        self._note("past_window", action.value)
+        if action is PastWindow.DEAD_LETTER:
+            return past_window_dead_letter(row.age_s, window_s)
+        fields = {"event_id": row.event_id, "age_s": round(row.age_s, 3), "window_s": window_s}
+        if action is PastWindow.REDRIVEN:
+            # The operator's decision (`relayd dlq retry`), not the relay's: no warning.
+            self._log.info("sink.resending_redriven", **fields)
+        else:
+            self._log.warning("sink.resending_past_window", **fields)
+        return None
+
+    async def _request(self, message: NatsMessage) -> Msg | Outcome:
+        """One publish and its reply, or the outcome of its failure."""
+        try:
+            return await self._connection.inbox.request(
+                message.subject, message.body, message.headers, timeout_s=self._settings.timeout_s
+            )
+        except (nats.errors.Error, Refused) as exc:
+            self._note("publish", _failure_code(exc))
+            return classify_exception(exc, subject=message.subject)
+        except asyncio.CancelledError:
+            self._note("publish", "timeout")  # the attempt's deadline cut the exchange
+            raise
+
+    async def _publish_batch(  # noqa: PLR0911 - each answer to a batch is told apart
+        self, client: Client, message: NatsMessage, event_id: str, window: SendWindow
+    ) -> Outcome:
+        """The marker and the event in one atomic batch: the marker goes first without a
+        reply (the server answers only the commit), the event commits and is answered."""
+        marker, event = atomic_batch(
+            message,
+            event_id=event_id,
+            stream=self._stream,
+            marker_prefix=self._settings.marker_prefix,
+            batch_id=uuid.uuid4().hex,
+        )
+        try:
+            await client.publish(marker.subject, marker.body, headers=dict(marker.headers))
+        except nats.errors.Error as exc:
+            self._note("publish", _failure_code(exc))
+            return classify_exception(exc, subject=marker.subject)
+        reply = await self._request(event)
+        if not isinstance(reply, Msg):
+            return reply
+        answer = classify_ack(reply.data, stream=self._stream, subject=event.subject, guarded=True)
+        code = reply_code(reply.data)
+        self._note("publish", "ok" if isinstance(answer, Published) else code)
+        if code == str(ATOMIC_DISABLED):
+            self._facts = None  # the stream's configuration changed: read it again
+        if code == str(BATCH_DUPLICATE_ID):
+            # The stream holds the event's id, within its window, from a publish outside a
+            # batch (before this route ran in this mode): the batch stored nothing. The
+            # event alone gets the duplicate's PubAck, with the sequence to read back.
+            if window.closed():
+                return RetryLater(
+                    f"the stream holds this event's id from a publish outside a batch "
+                    f"(JetStream error {BATCH_DUPLICATE_ID}); the next attempt sends it alone"
+                )
+            return await self._publish_one(message, event_id)
+        if isinstance(answer, Duplicate):  # a batch's answer never says so; kept honest
+            return await self._read_back(answer.seq, message, event_id)
+        if not isinstance(answer, Taken):
+            return answer
+        return await self._reconcile_batch(marker, message, event_id)
+
+    async def _reconcile_batch(
+        self, marker: NatsMessage, message: NatsMessage, event_id: str
+    ) -> Outcome:
+        """After a batch refused with "wrong last sequence" on its marker."""
+        # The batch was refused whole: the marker's subject holds a message. Ours proves
+        # that an earlier batch stored the event too, at the next sequence.
+        last_marker = await self._msg_get({"last_by_subj": marker.subject})
+        if isinstance(last_marker, SinkDown):
+            return last_marker
+        found = classify_marker_reply(last_marker, message=message)
+        if not isinstance(found, MarkerFound):
+            return found
+        stored = await self._msg_get({"seq": found.seq + 1})
+        if isinstance(stored, SinkDown):
+            return stored
+        return classify_batch_event(
+            stored, marker_seq=found.seq, body=message.body, event_id=event_id
+        )
+
+    def _over_max_payload(self, client: Client, message: NatsMessage) -> Outcome | None:
+        """The server's max_payload, learnt on connecting, bounds both the configured bound
+        (an operator's error: sink-wide) and each message with its headers (the row's)."""
+        server_max = client.max_payload
+        if self._settings.max_payload_bytes > server_max:
+            return SinkDown(
+                f"sink.max_payload_bytes ({self._settings.max_payload_bytes}) is above the "
+                f"server's max_payload ({server_max})",
+                reached=False,
+                severe=True,
+            )
+        if message.size > server_max:
+            return DeadLetter(
+                DeadReason.TOO_LARGE,
+                f"the message is {message.size} bytes with its headers, over the server's "
+                f"max_payload ({server_max}); not sent",
+            )
+        return None
+
+    async def _read_back(self, seq: int | None, message: NatsMessage, event_id: str) -> Outcome:
+        """The message the stream holds at `seq` (the one a duplicate's PubAck names), or
+        last on the event's own subject (`seq` None), compared with ours."""
+        where = {"seq": seq} if seq is not None else {"last_by_subj": message.subject}
+        reply = await self._msg_get(where)
+        if isinstance(reply, SinkDown):
+            return reply
+        return classify_stored(reply, seq=seq, body=message.body, event_id=event_id)
+
+    async def _msg_get(self, request: dict[str, Any]) -> bytes | SinkDown:
+        return await self._api(
+            "msg_get",
+            f"{API_PREFIX}.STREAM.MSG.GET.{self._stream}",
+            json.dumps(request).encode(),
+        )
+
+    async def _stream_facts(self) -> StreamFacts | SinkDown:
+        """The server's API level and the stream's configuration, read when first needed
+        and again after `_FACTS_TTL_S`, a reconnect, or an answer that shows them stale;
+        concurrent rows share one read."""
+        asked_at = self._clock()
+        known = self._facts
+        if known is not None and known[0] > asked_at:
+            return known[1]  # the usual case, asked for every row: no lock
+        async with self._facts_lock:
+            known = self._facts
+            if known is not None and known[0] > asked_at:
+                return known[1]
+            failed = self._facts_failure
+            if failed is not None and failed[0] >= asked_at:
+                return failed[1]  # decided while this row waited: shared, not asked again
+            account = await self._api("account_info", f"{API_PREFIX}.INFO", b"")
+            stream = await self._api("stream_info", f"{API_PREFIX}.STREAM.INFO.{self._stream}", b"")
+            facts = read_facts(account, stream, stream_name=self._stream)
+            if isinstance(facts, StreamFacts):
+                self._facts, self._facts_failure = (self._clock() + _FACTS_TTL_S, facts), None
+            else:
+                self._facts_failure = (self._clock(), facts)
+            return facts
+
+    async def _api(self, operation: str, subject: str, payload: bytes) -> bytes | SinkDown:
+        """One JetStream API request (`operation` names it for the metric): its reply's
+        bytes, or the failure."""
+        try:
+            reply = await self._connection.inbox.request(
+                subject, payload, None, timeout_s=self._settings.timeout_s
+            )
+        except (nats.errors.Error, Refused) as exc:
+            self._note(operation, _failure_code(exc))
+            failure = classify_exception(exc, subject=subject)
+            return failure if isinstance(failure, SinkDown) else SinkDown(str(failure))
+        except asyncio.CancelledError:
+            self._note(operation, "timeout")
+            raise
+        self._note(operation, reply_code(reply.data))
+        return reply.data
+
+    # --- reporting ---
+
+    def _noted(self, outcome: Outcome) -> Outcome:
+        """Tell the breaker what a publish showed (a message stored, or found stored)."""
+        return report(self._health, outcome)
+
+    def _note(self, operation: str, code: str) -> None:
+        if self._observe is not None:
+            self._observe(operation, code)
+
+
+def _failure_code(exc: BaseException) -> str:
+    """An exchange that got no answer, as `relayd_sink_requests_total` labels it."""
+    if isinstance(exc, nats.errors.TimeoutError):
+        return "timeout"
+    if isinstance(exc, nats.errors.NoRespondersError):
+        return "no_responders"
+    if isinstance(exc, Refused):
+        return "refused"
+    return "error"

@@ -1,0 +1,237 @@
+"""The webhook sink's transport: one signed POST per row (Standard Webhooks), over one
+keep-alive aiohttp session, with each endpoint's own slow-down and 410 state.
+
+What is sent and what each answer means is decided in `relayd/sinks/webhook/answers.py`,
+the signature in `relayd/sinks/webhook/signing.py`; aiohttp's exceptions stop here, turned
+into outcome values. Redirects are not followed, answers are read up to a bound, and no
+secret is ever put in a log line, an error or a metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from relayd.config.secret_files import TokenFile
+from relayd.core import __version__
+from relayd.core.envelope import Envelope
+from relayd.core.outcomes import (
+    DeadLetter,
+    Held,
+    NotStarted,
+    Outcome,
+    Published,
+    SinkDown,
+)
+from relayd.core.rows import ClaimedRow
+from relayd.sinks import Capabilities, ExchangeObserver, SendWindow, SinkHealth, report
+from relayd.sinks.http.answers import Response
+from relayd.sinks.http.exchange import exchange, new_session
+from relayd.sinks.webhook.answers import (
+    GONE_RETRY_S,
+    HEADER_ID,
+    HEADER_SIGNATURE,
+    HEADER_TIMESTAMP,
+    Delivery,
+    Gone,
+    SlowDown,
+    classify,
+    delivery_for,
+    slow_delay_s,
+)
+from relayd.sinks.webhook.settings import WebhookSettings, check_secret_text
+from relayd.sinks.webhook.signing import SigningKeys, parse_secrets, signature_header
+from relayd.telemetry.logs import get_logger
+
+# Only an excerpt of an answer is ever shown: reading more is wasted, and a receiver that
+# streams an endless body must not hold the attempt.
+MAX_ANSWER_BYTES = 64 * 1024
+
+# The answers with which a receiver refuses our signature: the secret file is read again.
+_REFUSED_SIGNATURE = frozenset({401, 403})
+# What C2 means for webhooks (docs/contract.md), as `relayd check` says it.
+DELIVERY_GUARANTEE = "at least once, deduplicated by webhook-id at the receiver"
+# Asked on every claim: one value. A receiver cannot be asked what it holds: an unanswered
+# delivery is sent again with the same webhook-id, and the receiver deduplicates.
+_CAPABILITIES = Capabilities(batches=False, reconcile_by_id=False)
+
+
+@dataclass(slots=True)
+class _Endpoint:
+    """What one endpoint said lately: left alone until `quiet_until` (loop time) after a
+    slow-down (`slowed` in a row) or a 410 (`gone`)."""
+
+    quiet_until: float = float("-inf")
+    slowed: int = 0
+    gone: bool = False
+
+
+class WebhookSink:
+    """Delivers rows as signed webhooks to the endpoints of `[sink]`.
+
+    Nothing is sent once the claim's `SendWindow` is closed (C4). The signing secrets follow
+    `sink.secret_file` when an operator rewrites it: the file is looked at (off the loop) no
+    more than once a second, and at once after a 401/403 (relayd/config/secret_files.py).
+    """
+
+    def __init__(
+        self,
+        settings: WebhookSettings,
+        health: SinkHealth,
+        *,
+        observe: ExchangeObserver | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        settings.target  # noqa: B018 - ConfigError naming sink.url
+        self._settings = settings
+        self._routes = settings.endpoints
+        self._health = health
+        self._observe = observe
+        # The wall clock of webhook-timestamp (receivers compare it with theirs).
+        self._clock = clock
+        self._secrets = TokenFile(
+            settings.secret_path, settings.secret_text, check=check_secret_text
+        )
+        self._endpoints: dict[str, _Endpoint] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._log = get_logger("sink")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return _CAPABILITIES
+
+    async def start(self) -> None:
+        self._session = new_session(self._settings, {"User-Agent": f"relayd/{__version__}"})
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # --- the Sink interface ---
+
+    async def group_requests(
+        self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope]
+    ) -> list[list[ClaimedRow]]:
+        return [[row] for row in rows]
+
+    async def publish(
+        self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope], *, window: SendWindow
+    ) -> dict[str, Outcome]:
+        if len(rows) == 1:  # what the relay asks of a sink that does not batch
+            row = rows[0]
+            return {row.event_id: await self._deliver(row, envelopes[row.event_id], window)}
+        results = await asyncio.gather(
+            *(self._deliver(row, envelopes[row.event_id], window) for row in rows),
+            return_exceptions=True,
+        )
+        outcomes: dict[str, Outcome] = {}
+        for row, result in zip(rows, results, strict=True):
+            if isinstance(result, BaseException):
+                raise result
+            outcomes[row.event_id] = result
+        return outcomes
+
+    async def check(self) -> tuple[bool, str]:
+        """The secrets parse and each endpoint accepts a connection. Nothing is POSTed: a
+        probe would be a delivery a receiver must verify and store."""
+        keys = await self._keys()
+        for url in self._settings.urls:
+            answer = await self._exchange("HEAD", url, None, {})
+            if isinstance(answer, SinkDown):
+                return False, f"{url} unreachable: {answer.error}"
+        count = len(keys.keys)
+        secrets = f"{count} signing secret{'s' if count > 1 else ''}"
+        return True, f"endpoints answer; {secrets}; {DELIVERY_GUARANTEE}"
+
+    # --- one row ---
+
+    async def _deliver(self, row: ClaimedRow, envelope: Envelope, window: SendWindow) -> Outcome:
+        delivery = delivery_for(envelope, url=self._settings.url, routes=self._routes)
+        if isinstance(delivery, DeadLetter):
+            return delivery  # decided here, nothing sent: nothing to tell the breaker
+        endpoint = self._endpoints.setdefault(delivery.url, _Endpoint())
+        loop = asyncio.get_running_loop()
+        quiet_s = endpoint.quiet_until - loop.time()
+        if quiet_s > 0:
+            why = "answered 410 Gone" if endpoint.gone else "asked to slow down"
+            return Held(f"not sent: the endpoint {why}", retry_after_s=quiet_s)
+        keys = await self._keys()
+        if window.closed():
+            return NotStarted()
+        timestamp_s = int(self._clock())
+        headers = dict(delivery.headers)
+        headers[HEADER_TIMESTAMP] = str(timestamp_s)
+        headers[HEADER_SIGNATURE] = signature_header(
+            keys, delivery.headers[HEADER_ID], timestamp_s, delivery.body
+        )
+        answer = await self._exchange("POST", delivery.url, delivery.body, headers)
+        if isinstance(answer, SinkDown):
+            return report(self._health, answer)
+        if answer.status in _REFUSED_SIGNATURE:
+            await self._secrets.refresh()  # the operator may have rotated the secret
+        return report(
+            self._health, self._answered(endpoint, delivery, classify(answer), loop.time())
+        )
+
+    def _answered(
+        self,
+        endpoint: _Endpoint,
+        delivery: Delivery,
+        answer: Outcome | Gone | SlowDown,
+        now: float,
+    ) -> Outcome:
+        """The outcome of the endpoint's answer, and what it asks of the next deliveries to
+        it: left alone for a while after a 410 or a slow-down, no longer after a 2xx."""
+        if isinstance(answer, Published):
+            endpoint.slowed, endpoint.gone = 0, False
+            return answer
+        if isinstance(answer, SinkDown):
+            return answer
+        if isinstance(answer, Gone):
+            endpoint.gone, endpoint.quiet_until = True, now + GONE_RETRY_S
+            self._log.error("sink.webhook_gone", url=delivery.url, pause=list(delivery.pause))
+            error = f"{delivery.url} answered {answer.error}"
+            return Held(error, retry_after_s=GONE_RETRY_S, pause=delivery.pause)
+        if isinstance(answer, SlowDown):
+            # Requests in flight together answer together: only the first slow answer after
+            # the endpoint was left alone counts as one more in a row.
+            if now >= endpoint.quiet_until:
+                endpoint.slowed += 1
+            delay_s = slow_delay_s(answer.retry_after_s, endpoint.slowed)
+            endpoint.quiet_until = max(endpoint.quiet_until, now + delay_s)
+            self._log.warning("sink.webhook_slowed", url=delivery.url, delay_s=round(delay_s, 3))
+            return Held(f"slowed down: {answer.error}", retry_after_s=delay_s)
+        return answer
+
+    async def _keys(self) -> SigningKeys:
+        """The keys of the secret file's current text (parsed once per text)."""
+        return _parsed(await self._secrets.current())
+
+    # --- transport ---
+
+    async def _exchange(
+        self, method: str, url: str, body: bytes | None, headers: dict[str, str]
+    ) -> Response | SinkDown:
+        if self._session is None:
+            raise RuntimeError("WebhookSink.start() was not called")
+        return await exchange(
+            self._session,
+            method,
+            url,
+            body=body,
+            headers=headers,
+            limit_bytes=MAX_ANSWER_BYTES,
+            check="sink.url and sink.routes",
+            observe=self._observe,
+        )
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(text: str) -> SigningKeys:
+    return parse_secrets(text)

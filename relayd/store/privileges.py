@@ -1,0 +1,496 @@
+"""What each of relayd's database roles needs, as data: the one list from which `relayd
+grants` prints a role's GRANT script, `relayd check` verifies a role, and a permission error
+names the privilege its statement lacked.
+
+The roles: `relay` (`relayd run`), `operator` (`relayd status`, `dlq`, `pause`, `resume`,
+`doctor`) and `migrator` (`relayd migrate`, which owns what it creates). Each statement of
+relayd/store/sql/ is listed with the privileges it needs, read from what it does; a role
+needs the union over the statements of its tasks, on the configured outbox and its schema.
+The reading is checked by tests/acceptance/test_least_privilege.py, which runs every command
+under roles holding exactly these grants.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from relayd.core.rows import OutboxTable
+
+
+class Role(enum.StrEnum):
+    RELAY = "relay"
+    OPERATOR = "operator"
+    MIGRATOR = "migrator"
+
+
+# The role name a script grants to unless `--to` names another.
+DEFAULT_GRANTEE: Mapping[Role, str] = {
+    Role.RELAY: "relayd",
+    Role.OPERATOR: "relayd_operator",
+    Role.MIGRATOR: "relayd_migrator",
+}
+# The commands each role runs.
+COMMANDS: Mapping[Role, str] = {
+    Role.RELAY: "relayd run",
+    Role.OPERATOR: "relayd status, dlq, held, pause, resume and doctor",
+    Role.MIGRATOR: "relayd migrate",
+}
+
+
+class Kind(enum.StrEnum):
+    """The kind of object a privilege is on, as GRANT and PostgreSQL's messages name it."""
+
+    DATABASE = "database"
+    SCHEMA = "schema"
+    TABLE = "table"
+    SEQUENCE = "sequence"
+    FUNCTION = "function"
+
+
+class Obj(enum.Enum):
+    """The objects relayd's statements use: the outbox, its schema, and what migrations put
+    beside it (shared by every outbox of the schema). Declared in the order scripts list
+    them."""
+
+    DATABASE = (Kind.DATABASE, "")
+    SCHEMA = (Kind.SCHEMA, "")
+    OUTBOX = (Kind.TABLE, "")
+    MIGRATIONS = (Kind.TABLE, "relayd_migrations")
+    PAUSES = (Kind.TABLE, "relayd_pauses")
+    AUDIT = (Kind.TABLE, "relayd_audit")
+    AUDIT_ID_SEQ = (Kind.SEQUENCE, "relayd_audit_id_seq")  # relayd_audit.id is a bigserial
+    INSTANCES = (Kind.TABLE, "relayd_instances")
+    EFFECTIVE_QUEUE = (Kind.FUNCTION, "relayd_effective_queue", "jsonb")
+    HELD = (Kind.FUNCTION, "relayd_held", "jsonb, text[], text[], text[]")
+    AVAILABLE_AT = (Kind.FUNCTION, "relayd_available_at", "")
+    # The row checks call it: since migration 0009 a trigger, on every inserted row, every
+    # change of a row's id, job or created_at, and every redrive (before 0009, a CHECK
+    # constraint on every write, relayd's claims and settles included).
+    CHECK_ROW = (
+        Kind.FUNCTION,
+        "relayd_check_row",
+        "uuid, jsonb, integer, timestamptz, timestamptz, timestamptz",
+    )
+
+    @property
+    def kind(self) -> Kind:
+        kind: Kind = self.value[0]  # (kind, name[, a function's argument types])
+        return kind
+
+    def name_in(self, table: OutboxTable) -> str:
+        """Its bare name (the outbox's own for OUTBOX, the schema's for SCHEMA)."""
+        if self is Obj.OUTBOX:
+            return table.name
+        if self is Obj.SCHEMA:
+            return table.schema_name
+        return str(self.value[1])
+
+    def display(self, table: OutboxTable) -> str:
+        """As an operator reads it: `table relayd.relayd_pauses`."""
+        if self is Obj.DATABASE:
+            return "the database"
+        if self is Obj.SCHEMA:
+            return f"schema {table.schema_name}"
+        return f"{self.kind.value} {table.schema_name}.{self.name_in(table)}"
+
+    def sql(self, table: OutboxTable) -> str:
+        """The object clause of a GRANT (not for DATABASE: see `_database_grant`)."""
+        if self is Obj.SCHEMA:
+            return f"SCHEMA {table.quoted_schema}"
+        qualified = f'{table.quoted_schema}."{self.name_in(table)}"'
+        if self.kind is Kind.FUNCTION:
+            return f"FUNCTION {qualified}({self.value[2]})"
+        return f"{self.kind.value.upper()} {qualified}"
+
+
+# Privileges in the order GRANT lists them.
+_ORDER = ("USAGE", "CREATE", "SELECT", "INSERT", "UPDATE", "DELETE", "EXECUTE")
+
+Needs = Mapping[Obj, tuple[str, ...]]
+_NOTHING: Needs = {}
+_CLAIM: Needs = {
+    Obj.OUTBOX: ("SELECT", "UPDATE"),
+    Obj.CHECK_ROW: ("EXECUTE",),
+    Obj.PAUSES: ("SELECT",),
+    Obj.EFFECTIVE_QUEUE: ("EXECUTE",),
+    Obj.HELD: ("EXECUTE",),
+}
+_PENDING: Needs = {  # reads of pending rows that skip paused queues and types
+    Obj.OUTBOX: ("SELECT",),
+    Obj.PAUSES: ("SELECT",),
+    Obj.EFFECTIVE_QUEUE: ("EXECUTE",),
+    Obj.HELD: ("EXECUTE",),
+}
+_BY_QUEUE: Needs = {Obj.OUTBOX: ("SELECT",), Obj.EFFECTIVE_QUEUE: ("EXECUTE",)}
+# WHERE and RETURNING read columns too; the row written is checked.
+_FENCED: Needs = {Obj.OUTBOX: ("SELECT", "UPDATE"), Obj.CHECK_ROW: ("EXECUTE",)}
+# A row due again at once is stamped as a new row is, once the transaction writes.
+_DUE_AGAIN: Needs = {**_FENCED, Obj.AVAILABLE_AT: ("EXECUTE",)}
+_CREATE_DATABASE: Needs = {Obj.DATABASE: ("CREATE",)}
+
+# Every statement relayd runs, by the name it fails under (a named query of
+# relayd/store/sql/, or the name its method translates failures with), and the privileges it
+# needs beyond USAGE on the schema, which every statement on an object in it needs.
+# Catalog reads, pg_stat_* views, LISTEN and NOTIFY need nothing.
+STATEMENTS: Mapping[str, Needs] = {
+    # The relay's cycle.
+    "claim": _CLAIM,
+    "explain_claim": _CLAIM,  # EXPLAIN checks the privileges of what it plans
+    "next_due_s": _PENDING,
+    "settle_published": _FENCED,
+    "settle_retry": _DUE_AGAIN,
+    "settle_dead": _FENCED,
+    "release": _DUE_AGAIN,
+    "delete_published": {Obj.OUTBOX: ("SELECT", "DELETE")},
+    "ping": _NOTHING,
+    "connect": _NOTHING,
+    "listen": _NOTHING,
+    "listen_ping": _NOTHING,
+    # The schema and its migrations.
+    "outbox_columns": _NOTHING,  # the catalogs
+    "check_ledger_exists": _NOTHING,
+    "migrations_applied": {Obj.MIGRATIONS: ("SELECT",)},
+    "migrations": _CREATE_DATABASE,  # the migrator's transaction, as one
+    "migrations_lock": _NOTHING,
+    "migrations_schema_create": _CREATE_DATABASE,  # asked for even when the schema exists
+    "migrations_ledger_create": _NOTHING,  # in the schema the migrator owns
+    "migrations_record": _NOTHING,
+    "notify_trigger_state": _NOTHING,  # the catalogs
+    "notify_trigger_create": _NOTHING,  # on the table the migrator owns
+    "notify_trigger_drop": _NOTHING,
+    # The backlog: the sampler, `relayd status`, `/v1/status`, the heartbeat.
+    "backlog_sample": _PENDING,
+    "backlog_top": _BY_QUEUE,
+    "dead_by_reason": {Obj.OUTBOX: ("SELECT",)},
+    "pauses_list": {Obj.PAUSES: ("SELECT",)},
+    "pauses_held": {**_BY_QUEUE, Obj.PAUSES: ("SELECT",)},
+    "instances_list": {Obj.INSTANCES: ("SELECT",)},
+    "status": _NOTHING,  # its parts fail under their own names
+    # An upsert with a pruning DELETE: the conflict and the WHERE read rows.
+    "heartbeat": {Obj.INSTANCES: ("SELECT", "INSERT", "UPDATE", "DELETE")},
+    "heartbeat_delete": {Obj.INSTANCES: ("SELECT", "DELETE")},
+    # Dead letters, pauses, the audit trail.
+    "operator_schema": _NOTHING,
+    "operator_now": _NOTHING,
+    "dlq_list": _BY_QUEUE,
+    "dlq_show": _BY_QUEUE,
+    "dlq_batch": _NOTHING,  # its parts fail under their own names
+    "dlq_page": {Obj.OUTBOX: ("SELECT", "UPDATE"), Obj.EFFECTIVE_QUEUE: ("EXECUTE",)},
+    "dlq_redrive": _FENCED,
+    "dlq_discard": _FENCED,
+    # RETURNING id reads the row; the bigserial's nextval() needs the sequence.
+    "audit_insert": {Obj.AUDIT: ("SELECT", "INSERT"), Obj.AUDIT_ID_SEQ: ("USAGE",)},
+    "audit_note": {Obj.AUDIT: ("INSERT",), Obj.AUDIT_ID_SEQ: ("USAGE",)},  # no RETURNING
+    "audit_extend": {Obj.AUDIT: ("SELECT", "UPDATE")},
+    # INSERT ... ON CONFLICT DO UPDATE ... RETURNING.
+    "pause_upsert": {Obj.PAUSES: ("SELECT", "INSERT", "UPDATE")},
+    "pause_delete": {Obj.PAUSES: ("SELECT", "DELETE")},
+    "queue_use": _BY_QUEUE,
+    # Held rows: pending rows a pause holds, read and discarded with the pauses' sets.
+    "held_list": _PENDING,
+    "held_batch": _NOTHING,  # its parts fail under their own names
+    "held_page": {**_PENDING, Obj.OUTBOX: ("SELECT", "UPDATE")},  # FOR UPDATE
+    "held_discard": {**_PENDING, **_FENCED},
+    "outbox_notify": _NOTHING,
+    # `relayd check` and `relayd doctor`.
+    "check_identity": _NOTHING,
+    "check_privileges": _NOTHING,
+    "check_sees_writers": _NOTHING,
+    "check_listen": _NOTHING,
+    "doctor_table": _NOTHING,
+    "plan_as_relay": _NOTHING,
+    "doctor_indexes": _NOTHING,
+    "doctor_xmin_holders": _NOTHING,
+    "doctor_horizon_others": _NOTHING,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """Something a role does, and the statements it runs (`cleanup_only`: only while
+    `cleanup.enabled`)."""
+
+    what: str
+    statements: tuple[str, ...]
+    cleanup_only: bool = False
+
+
+_STATUS = (
+    "outbox_columns",
+    "check_ledger_exists",
+    "migrations_applied",
+    "backlog_sample",
+    "backlog_top",
+    "dead_by_reason",
+    "pauses_list",
+    "pauses_held",
+    "instances_list",
+)
+TASKS: Mapping[Role, tuple[Task, ...]] = {
+    Role.RELAY: (
+        Task("start-up: the outbox is migrated", _STATUS[:3]),
+        Task(
+            "claim, settle and release rows",
+            ("claim", "next_due_s", "settle_published", "settle_retry", "settle_dead", "release"),
+        ),
+        Task("the backlog gauges and /v1/status", _STATUS[3:]),
+        Task("its heartbeat in relayd_instances", ("heartbeat", "heartbeat_delete")),
+        Task(
+            "the poison-storm guard's pause, and the pauses a rejection meets",
+            ("pause_upsert", "audit_note", "pauses_list"),
+        ),
+        Task("retention cleanup (cleanup.enabled)", ("delete_published",), cleanup_only=True),
+    ),
+    Role.OPERATOR: (
+        Task("relayd status", _STATUS),
+        Task("relayd dlq list and show", ("operator_schema", "dlq_list", "dlq_show")),
+        Task(
+            "relayd dlq retry and discard",
+            ("dlq_page", "dlq_redrive", "dlq_discard", "audit_insert", "audit_extend"),
+        ),
+        Task(
+            "relayd pause and resume",
+            (
+                "pause_upsert",
+                "pause_delete",
+                "pauses_list",
+                "queue_use",
+                "audit_note",
+                "outbox_notify",
+            ),
+        ),
+        Task(
+            "relayd held list and discard",
+            ("held_list", "held_page", "held_discard", "audit_insert", "audit_extend"),
+        ),
+        Task("relayd doctor: the claim's plan", ("explain_claim",)),
+    ),
+    Role.MIGRATOR: (
+        Task(
+            "create the outbox's schema (PostgreSQL asks for this even when it exists)",
+            ("migrations",),
+        ),
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The privileges a role needs on one object, and the tasks that need them."""
+
+    obj: Obj
+    privileges: tuple[str, ...]
+    why: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Privilege:
+    """One privilege on one object, as `relayd check` verifies it."""
+
+    obj: Obj
+    privilege: str
+
+    def display(self, table: OutboxTable) -> str:
+        return f"{self.privilege} on {self.obj.display(table)}"
+
+
+def role_grants(role: Role, *, cleanup: bool) -> list[Grant]:
+    """What `role` needs, one Grant per object in script order; USAGE on the schema first
+    (every statement on an object in it needs it)."""
+    wanted: dict[Obj, set[str]] = {}
+    why: dict[Obj, list[str]] = {}
+    for task in TASKS[role]:
+        if task.cleanup_only and not cleanup:
+            continue
+        for statement in task.statements:
+            for obj, privileges in STATEMENTS[statement].items():
+                wanted.setdefault(obj, set()).update(privileges)
+                if task.what not in why.setdefault(obj, []):
+                    why[obj].append(task.what)
+    if role is not Role.MIGRATOR:  # the migrator owns the schema it creates
+        wanted[Obj.SCHEMA] = {"USAGE"}
+        why[Obj.SCHEMA] = ["every statement (the outbox and relayd's tables live in it)"]
+    return [
+        Grant(obj, tuple(p for p in _ORDER if p in wanted[obj]), tuple(why[obj]))
+        for obj in Obj
+        if obj in wanted
+    ]
+
+
+def role_privileges(role: Role, *, cleanup: bool) -> list[Privilege]:
+    """`role_grants`, one privilege at a time: what `relayd check --role` verifies."""
+    return [
+        Privilege(grant.obj, privilege)
+        for grant in role_grants(role, cleanup=cleanup)
+        for privilege in grant.privileges
+    ]
+
+
+# --- the GRANT script -------------------------------------------------------------------
+
+# A role name `--to` accepts: what needs no escaping inside double quotes, or inside the
+# quoted format string of the migrator's DO block.
+_ROLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$-]{0,62}$")
+
+_COMMENT_WIDTH = 92
+_RECOMMENDED_WHY = (
+    "Recommended, not required (a superuser runs it): relayd then sees when other roles' "
+    "transactions started, and its claims start at their watermark instead of reading the "
+    "whole claim index (docs/performance.md)."
+)
+
+
+def check_role_name(name: str) -> str:
+    """`name` if a script can grant to it; ValueError says why not."""
+    if not _ROLE_NAME.match(name):
+        raise ValueError(
+            f"expected a role name of letters, digits, _, $ or - (at most 63), got {name!r}"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A role's GRANT script for one outbox: `lines` are SQL comments and statements, one
+    command per line."""
+
+    role: Role
+    table: OutboxTable
+    grantee: str
+    grants: list[Grant]
+    statements: list[str]
+    recommended: list[str]
+    lines: list[str]
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "role": self.role.value,
+            "table": str(self.table),
+            "to": self.grantee,
+            "grants": [
+                {
+                    "object": grant.obj.display(self.table),
+                    "privileges": list(grant.privileges),
+                    "why": list(grant.why),
+                }
+                for grant in self.grants
+            ],
+            "statements": self.statements,
+            "recommended": self.recommended,
+        }
+
+
+def grant_script(role: Role, table: OutboxTable, grantee: str, *, cleanup: bool) -> Script:
+    """The GRANT script giving `grantee` what `role` needs on `table`."""
+    to = f'"{check_role_name(grantee)}"'
+    grants = role_grants(role, cleanup=cleanup)
+    if role is Role.MIGRATOR:
+        runner = "a superuser (or the database's owner), in the outbox's database"
+    else:
+        runner = (
+            "the outbox's owner (the role that ran relayd migrate) or a superuser, in the "
+            "outbox's database; again after each upgrade"
+        )
+    lines = _comment(
+        f"relayd grants --role {role.value}: for {COMMANDS[role]} on {table}, granted to {to}. "
+        f"Run it as {runner}."
+    )
+    statements: list[str] = []
+    for grant in grants:
+        if grant.obj is Obj.DATABASE:
+            statement = _database_grant(grant.privileges, to)
+        else:
+            statement = f"GRANT {', '.join(grant.privileges)} ON {grant.obj.sql(table)} TO {to};"
+        statements.append(statement)
+        lines += [*_comment("; ".join(grant.why)), statement]
+    recommended: list[str] = []
+    if role is Role.RELAY:
+        recommended.append(f"GRANT pg_read_all_stats TO {to};")
+        lines += [*_comment(_RECOMMENDED_WHY), f"-- {recommended[0]}"]
+    if role is Role.MIGRATOR:
+        lines += [
+            *_comment(
+                "The migrator owns the schema, tables and functions it creates. A schema or "
+                "an outbox table that another role made must be handed over first:"
+            ),
+            f"-- GRANT CREATE ON SCHEMA {table.quoted_schema} TO {to};",
+            f"-- ALTER TABLE {table.qualified} OWNER TO {to};",
+        ]
+    return Script(role, table, grantee, grants, statements, recommended, lines)
+
+
+def _comment(text: str) -> list[str]:
+    """`text` as SQL comment lines of a readable width."""
+    return [f"-- {line}" for line in textwrap.wrap(text, width=_COMMENT_WIDTH)]
+
+
+def _database_grant(privileges: Sequence[str], to: str) -> str:
+    """GRANT on the database the script runs in: GRANT cannot name the current database,
+    and the script must not depend on a DSN (nor print one)."""
+    return (
+        f"DO $$ BEGIN EXECUTE format('GRANT {', '.join(privileges)} ON DATABASE %I TO {to}', "
+        "current_database()); END $$;"
+    )
+
+
+# --- permission errors ------------------------------------------------------------------
+
+# PostgreSQL's words for a missing privilege and a missing ownership (SQLSTATE 42501). In
+# another lc_messages they do not match, and the server's own message is shown as it is.
+_DENIED = re.compile(r'^permission denied for (\w+) "?([^"]+)"?$')
+_NOT_OWNER = re.compile(r'^must be owner of (\w+(?: \w+)?) "?([^"]+)"?$')
+
+
+def explain_denial(statement: str, message: str) -> str:
+    """PostgreSQL's refusal of `statement` for a missing privilege (SQLSTATE 42501), in one
+    line: the privileges the statement needs on the object PostgreSQL names."""
+    denied = _DENIED.match(message)
+    if denied:
+        kind, name = denied.groups()
+        needed = _needed(statement, kind, name)
+        if needed:
+            return f"permission denied: needs {_words(needed)} on {kind} {name}"
+    not_owner = _NOT_OWNER.match(message)
+    if not_owner:
+        kind, name = not_owner.groups()
+        return f"permission denied: only the owner of {kind} {name} may run it"
+    return f"{message} (SQLSTATE 42501)"
+
+
+def _needed(statement: str, kind: str, name: str) -> tuple[str, ...]:
+    """What `statement` needs on the object PostgreSQL named: from its own needs if they
+    name the object, else from every statement's (a method may run several statements
+    under one name)."""
+    if kind == Kind.SCHEMA:
+        return ("USAGE",)
+    objects = [
+        obj for obj in Obj if obj.kind == kind and (obj.value[1] == name or kind == Kind.DATABASE)
+    ]
+    if not objects and kind == Kind.TABLE:
+        objects = [Obj.OUTBOX]  # any other table relayd reads is the outbox
+    if not objects:
+        return ()
+    [obj] = objects
+    own = STATEMENTS.get(statement, {}).get(obj)
+    if own:
+        return own
+    found = {p for needs in STATEMENTS.values() for p in needs.get(obj, ())}
+    return tuple(p for p in _ORDER if p in found)
+
+
+def _words(privileges: Sequence[str]) -> str:
+    if len(privileges) == 1:
+        return privileges[0]
+    return f"{', '.join(privileges[:-1])} and {privileges[-1]}"
+
+
+def hint(role: Role) -> str:
+    """Where an operator finds the grants of `role`."""
+    return f"`relayd grants --role {role.value}` prints the grants for {COMMANDS[role]}"

@@ -1,0 +1,209 @@
+"""`[sink] kind = "webhook"`: its keys, their one-line errors naming the key, the secret file's
+`whsec_` lines (never shown), and the process exiting 2 on a bad configuration."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from relayd.core.errors import ConfigError
+from relayd.settings import load_producer_sections, load_settings
+from relayd.sinks import SinkSettings
+from relayd.sinks.registry import kinds
+from relayd.sinks.webhook.settings import WebhookSettings
+
+KEY = base64.b64encode(bytes(range(32))).decode()
+SECRET = f"whsec_{KEY}"
+ROOT = Path(__file__).resolve().parents[4]
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.upper().startswith("RELAYD_") or name == "CREDENTIALS_DIRECTORY":
+            monkeypatch.delenv(name)
+
+
+def _config(tmp_path: Path, extra: str, secret: str | None = SECRET + "\n") -> Path:
+    text = "[sink]\nkind = 'webhook'\n"
+    if secret is not None:
+        (tmp_path / "whsec").write_text(secret)
+        text += f"secret_file = '{tmp_path / 'whsec'}'\n"
+    path = tmp_path / "relayd.toml"
+    path.write_text(text + extra)
+    return path
+
+
+def _load(tmp_path: Path, extra: str, secret: str | None = SECRET + "\n") -> WebhookSettings:
+    sink = load_settings(_config(tmp_path, extra, secret)).sink
+    assert isinstance(sink, WebhookSettings)
+    return sink
+
+
+def test_the_kind_is_registered() -> None:
+    """`kind = "webhook"` chooses the webhook settings model."""
+    assert kinds()["webhook"] is WebhookSettings
+
+
+def test_a_url_and_routes_load(tmp_path: Path) -> None:
+    """One URL, routes per type, and the secret's keys are read at load."""
+    sink = _load(
+        tmp_path,
+        "url = 'https://receiver.example/hooks'\n"
+        "[[sink.routes]]\ntype = 'order.paid'\nurl = 'https://billing.example/in'\n",
+    )
+    assert sink.target == "https://billing.example/in, https://receiver.example/hooks"
+    assert sink.endpoints == {"order.paid": "https://billing.example/in"}
+    assert sink.keys.keys == (bytes(range(32)),)
+
+
+def test_several_lines_are_several_active_secrets(tmp_path: Path) -> None:
+    """Each whsec_ line is an active key; blank and comment lines are skipped."""
+    other = "whsec_" + base64.b64encode(b"k" * 24).decode()
+    sink = _load(tmp_path, "url = 'http://127.0.0.1:9/'\n", f"# new\n{other}\n\n{SECRET}\n")
+    assert sink.keys.keys == (b"k" * 24, bytes(range(32)))
+
+
+@pytest.mark.parametrize(
+    ("extra", "secret", "error"),
+    [
+        ("url = 'ftp://x/'\n", SECRET, "sink.url: expected an http:// or https://"),
+        ("url = 'https://u:p@x/'\n", SECRET, "sink.url: credentials do not belong"),
+        ("url = 'https://x/#a'\n", SECRET, "sink.url: a URL with a #fragment"),
+        ("url = 'https://x:99999/'\n", SECRET, "sink.url: Port out of range"),
+        (
+            "[[sink.routes]]\ntype = 'Bad'\nurl = 'https://x/'\n",
+            SECRET,
+            "sink.routes.0.type: an event type matches",
+        ),
+        (
+            "[[sink.routes]]\ntype = 'a'\nurl = 'https://x/'\n"
+            "[[sink.routes]]\ntype = 'a'\nurl = 'https://y/'\n",
+            SECRET,
+            "sink.routes.1: a second route for type 'a'",
+        ),
+        ("url = 'https://x/'\nsubject = 'a'\n", SECRET, "sink.subject: unknown key"),
+        ("url = 'https://x/'\n", "whsec_!!!!", "sink.secret_file:"),
+        (
+            "url = 'https://x/'\n",
+            "whsec_" + base64.b64encode(b"short").decode(),
+            "sink.secret_file:",
+        ),
+        ("url = 'https://x/'\n", KEY, "sink.secret_file:"),
+        ("url = 'https://x/'\n", "# only a comment\n", "sink.secret_file:"),
+        ("url = 'https://x/'\nca_file = '/nonexistent/ca.pem'\n", SECRET, "sink.ca_file:"),
+    ],
+)
+def test_bad_keys_are_named_in_one_line(
+    tmp_path: Path, extra: str, secret: str, error: str
+) -> None:
+    """A bad key or secret file is one line naming the key, never showing the secret."""
+    with pytest.raises(ConfigError) as refused:
+        _load(tmp_path, extra, secret)
+    text = str(refused.value)
+    assert text.startswith(error), text
+    assert "\n" not in text
+    assert KEY not in text
+    assert "!!!!" not in text
+
+
+def test_a_bad_secret_line_is_named_by_number(tmp_path: Path) -> None:
+    """The error says which line is wrong, and what, without its content."""
+    with pytest.raises(ConfigError) as refused:
+        _load(tmp_path, "url = 'https://x/'\n", f"{SECRET}\nwhsec_c2hvcnQ=\n")
+    assert "line 2: the key is 5 bytes" in str(refused.value)
+
+
+def test_no_url_and_no_secret_are_refused_when_the_sink_is_built(tmp_path: Path) -> None:
+    """Without an endpoint, or without a secret, the sink is not built (the key named)."""
+    with pytest.raises(ConfigError, match=r"^sink\.url: required"):
+        _ = _load(tmp_path, "").target
+    no_secret = _load(tmp_path, "url = 'https://x/'\n", secret=None)
+    with pytest.raises(ConfigError, match=r"^sink\.secret_file: required"):
+        no_secret.build(_Health())
+
+
+def test_secrets_are_never_shown(tmp_path: Path) -> None:
+    """Neither the settings' repr nor the keys' repr shows a secret."""
+    sink = _load(tmp_path, "url = 'https://x/'\n")
+    shown = repr(sink) + str(sink) + repr(sink.keys) + repr(sink.model_dump())
+    assert KEY not in shown
+    assert SECRET not in shown
+    assert repr(sink.keys) == "SigningKeys(1 keys)"
+
+
+def test_routes_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """RELAYD_SINK__ROUTES is a JSON array of {"type", "url"}."""
+    monkeypatch.setenv("RELAYD_SINK__ROUTES", '[{"type": "a.b", "url": "https://x/"}]')
+    assert _load(tmp_path, "").endpoints == {"a.b": "https://x/"}
+
+
+def test_a_bad_configuration_exits_2_with_one_line(tmp_path: Path) -> None:
+    """`relayd check` on a bad secret file: exit 2, one line naming the key, no secret."""
+    path = _config(tmp_path, "url = 'https://x/'\n", "whsec_" + KEY[:8] + "\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "relayd", "check", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "sink.secret_file" in result.stderr
+    assert KEY[:8] not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+
+
+class _Health:
+    def sink_accepted(self) -> None:
+        pass
+
+    def sink_answered(self) -> None:
+        pass
+
+    def sink_failed(self, *, severe: bool) -> None:
+        pass
+
+
+def test_the_example_documents_the_webhook_keys_and_its_section_loads(tmp_path: Path) -> None:
+    """config.example.toml's commented `kind = "webhook"` section names every key of the
+    kind and, uncommented (with a secret file), loads."""
+    text = (ROOT / "config.example.toml").read_text()
+    start = text.index('# --- kind = "webhook" ---')
+    section = text[start : text.index('# --- kind = "nats" ---', start)]
+    for key in WebhookSettings.model_fields.keys() - SinkSettings.model_fields.keys():
+        shown = "# [[sink.routes]]" if key == "routes" else f"# {key} = "
+        assert shown in section, f"sink.{key} is not in the example's webhook section"
+    (tmp_path / "whsec").write_text(SECRET + "\n")
+    (tmp_path / "ca.pem").write_text("not read until connecting")
+    lines = ["[sink]", "kind = 'webhook'"]
+    for line in section.splitlines():
+        if line.startswith("# secret_file = "):
+            lines.append(f"secret_file = '{tmp_path / 'whsec'}'")
+        elif line.startswith("# ca_file = "):
+            lines.append(f"ca_file = '{tmp_path / 'ca.pem'}'")
+        elif line.startswith(("# [[sink.routes]]", "# type = ", "# url = ", "# connect_")):
+            lines.append(line.removeprefix("# "))
+    path = tmp_path / "relayd.toml"
+    path.write_text("\n".join(lines) + "\n")
+    sink = load_settings(path).sink
+    assert isinstance(sink, WebhookSettings)
+    assert sink.endpoints == {"order.paid": "https://billing.example/hooks/orders"}
+
+
+def test_a_producer_loads_the_sink_without_its_secret(tmp_path: Path) -> None:
+    """A producer reading the daemon's file leaves the secret file and CA bundle unread."""
+    path = tmp_path / "relayd.toml"
+    path.write_text(
+        "[sink]\nkind = 'webhook'\nurl = 'https://x/'\n"
+        "secret_file = '/nonexistent/whsec'\nca_file = '/nonexistent/ca.pem'\n"
+    )
+    _, sink = load_producer_sections(path)
+    assert isinstance(sink, WebhookSettings)
+    assert sink.secret_file is None
+    assert sink.url == "https://x/"
