@@ -329,7 +329,9 @@ class TcpProxy:
     so new connections are refused; `restore()` listens again on the same port.
     `reply_delay_s` holds back what the server sends (in order, each chunk by the delay in
     force when it arrived): a slow link, or a server whose answers arrive after the client
-    gave up on them.
+    gave up on them. `hold_replies_with(markers)` holds, on each connection, the first answer
+    holding one of `markers` (an event id's bytes, say) and everything after it, until
+    `release()`: one statement's answer arrives when the test says so, not after a guess.
     """
 
     def __init__(
@@ -341,6 +343,9 @@ class TcpProxy:
         self._pumps: set[asyncio.Task[None]] = set()
         self.port = 0
         self.reply_delay_s = 0.0
+        self._markers: tuple[bytes, ...] = ()
+        self._released = asyncio.Event()
+        self._released.set()
 
     @classmethod
     def for_dsn(cls, dsn: str) -> TcpProxy:
@@ -360,6 +365,19 @@ class TcpProxy:
         user = parts.username or "postgres"
         auth = f"{user}:{parts.password}@" if parts.password else f"{user}@"
         return urlunsplit((parts.scheme, f"{auth}127.0.0.1:{self.port}", parts.path, "", ""))
+
+    def hold_replies_with(self, markers: Iterable[bytes]) -> None:
+        """Hold every connection's answers from the first chunk holding a marker on."""
+        self._markers = tuple(markers)
+        self._released.clear()
+
+    def release(self) -> None:
+        """Deliver what is held, in order; hold nothing more."""
+        self._markers = ()
+        self._released.set()
+
+    def _holds(self, seen: bytes) -> bool:
+        return any(marker in seen for marker in self._markers)
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
@@ -420,25 +438,32 @@ class TcpProxy:
     async def _pump_delayed(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        """Forward the server's bytes, each chunk `reply_delay_s` after it arrived."""
+        """Forward the server's bytes, each chunk `reply_delay_s` after it arrived, and from
+        a chunk holding a marker on, only once released."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[float, bytes, bool]] = asyncio.Queue()
 
         async def deliver() -> None:
             while True:
-                due, data = await queue.get()
+                due, data, held = await queue.get()
                 if not data:
                     return
                 await asyncio.sleep(max(due - loop.time(), 0.0))
+                if held:
+                    await self._released.wait()
                 writer.write(data)
                 await writer.drain()
 
         delivering = asyncio.create_task(deliver())
+        holding, tail = False, b""
         try:
             with contextlib.suppress(OSError, ConnectionError):
                 while data := await reader.read(65536):
-                    queue.put_nowait((loop.time() + self.reply_delay_s, data))
-                queue.put_nowait((loop.time(), b""))
+                    # The tail of the chunk before: a marker split between two reads counts.
+                    holding = bool(self._markers) and (holding or self._holds(tail + data))
+                    tail = data[-64:]
+                    queue.put_nowait((loop.time() + self.reply_delay_s, data, holding))
+                queue.put_nowait((loop.time(), b"", False))
                 await delivering
         finally:
             delivering.cancel()

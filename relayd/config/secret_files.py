@@ -8,10 +8,13 @@ header value (`bearer_problem`).
 A token file is rewritten in place (a new token written to a temporary file, then renamed over
 the old one, as operators and Kubernetes' projected secrets do); `TokenFile` notices by the
 file's (mtime, size, inode), looked at no more than once per `interval_s` on the hot path, and
-at once when the sink refuses the token (401/403). Each look runs in a thread of its own, one
-at a time, so a file system that hangs its reader never holds the event loop. A file that
-became unusable (unreadable, empty, not a regular file, too large, not a bearer token) keeps
-the token in use, with one warning. No token value is ever logged.
+at once when the sink refuses the token (401/403). The bound holds for every request, however
+long the sink was idle: a request that starts more than `interval_s` after the file changed
+waits for a look begun after the change (up to `LOOK_WAIT_S`), so it sends the new token. Each
+look runs in a thread of its own, one at a time, so a file system that hangs its reader never
+holds the event loop. A file that became unusable (unreadable, empty, not a regular file, too
+large, not a bearer token) keeps the token in use, with one warning. No token value is ever
+logged.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ from relayd.telemetry.logs import get_logger
 
 # How often, at most, a request looks at the token file.
 CHECK_INTERVAL_S = 1.0
+# How long a request waits for a look at a file whose last look is older than the interval;
+# a look that takes longer (a file system that hangs) lets requests go on with the token in
+# use rather than hold them all.
+LOOK_WAIT_S = 1.0
 # The largest secret file read. A DSN is well under 1 KiB and the largest bearer tokens in use
 # (JWTs carrying many claims or a certificate chain) are a few KiB; HTTP servers refuse a
 # header much over 8-16 KiB anyway. 64 KiB leaves room for any real secret while a file
@@ -208,10 +215,12 @@ class TokenFile:
 
     `current()` is the hot path: a monotonic-clock comparison, and a look (a stat, off the
     loop) at most once per `interval_s`; the file is read again only when its signature
-    changed (or while it is unusable, so that fixing its permissions is noticed too). While
-    a look is under way requests go on with the token in use: a look that hangs delays no
-    request but the one that started it. `refresh()` looks now: the sink calls it on every
-    401/403, and the request after it sends what the file holds.
+    changed (or while it is unusable, so that fixing its permissions is noticed too). Every
+    request made while the last finished look is older than `interval_s` waits for the next
+    look (one, shared), so none sends a token older than that after a change; a look that
+    hangs holds them at most `LOOK_WAIT_S`, then they go on with the token in use.
+    `refresh()` looks now: the sink calls it on every 401/403, and the request after it
+    sends what the file holds.
 
     `check` decides what the file may hold: a bearer token unless told otherwise (the
     webhook sink's signing secrets are checked by their own rules).
@@ -233,16 +242,25 @@ class TokenFile:
         self._clock = clock
         # Unknown until the first look: the file may have changed since the config was read.
         self._signature: _Signature | None = None
-        self._checked_at = float("-inf")
+        # When the last finished look began: the token is as fresh as that.
+        self._seen_at = float("-inf")
         self._unusable = False
         # The look under way, if any: never more than one thread reads the file.
         self._look: asyncio.Future[_Look] | None = None
 
     async def current(self) -> str:
-        """The token to send now (the file is looked at first if the last look is old
-        enough and none is under way)."""
-        if self._look is None and self._clock() - self._checked_at >= self._interval_s:
-            await self._look_now()
+        """The token to send now: the one in use, unless the last finished look began
+        `interval_s` ago or more; then after a look (begun now, or under way)."""
+        if self._clock() - self._seen_at < self._interval_s:
+            return self._token  # the usual case, asked for every request
+        try:
+            async with asyncio.timeout(LOOK_WAIT_S):
+                # A look under way may have begun long before this request: after it, look
+                # again until one that began within the interval has finished.
+                while self._clock() - self._seen_at >= self._interval_s:
+                    await self._look_now()
+        except TimeoutError:
+            pass  # a look that hangs: go on with the token in use (see the class docstring)
         return self._token
 
     async def refresh(self) -> bool:
@@ -259,18 +277,19 @@ class TokenFile:
         """Start a look unless one is under way, and wait for it. Shielded: a request cut by
         its deadline leaves the look to finish and be applied."""
         if self._look is None:
-            self._checked_at = self._clock()
+            began = self._clock()
             known = None if self._unusable else self._signature
             self._look = _off_loop(functools.partial(_look_at, self.path, known, self._check))
             # Registered before any waiter's own callback, so the result is applied before
             # a waiter resumes.
-            self._look.add_done_callback(self._apply)
+            self._look.add_done_callback(functools.partial(self._apply, began))
         await asyncio.shield(self._look)
 
-    def _apply(self, look: asyncio.Future[_Look]) -> None:
+    def _apply(self, began: float, look: asyncio.Future[_Look]) -> None:
         self._look = None
         if look.cancelled():
             return
+        self._seen_at = max(self._seen_at, began)
         found = look.result()
         if found.error is not None:
             self._failed(found.error)

@@ -48,7 +48,7 @@ class Claim:
             owner=owner,
             rows=rows,
             sent_at=sent_at,
-            window=SendWindow(lease_ends - 2 * attempt_timeout_s),
+            window=SendWindow(lease_ends - 2 * attempt_timeout_s, opened_at=answered_at),
             lease_ends=lease_ends,
             answered_at=answered_at,
             span=span,

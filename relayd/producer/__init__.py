@@ -161,40 +161,51 @@ class EventType(Generic[M]):
         `event_id` (a new UUIDv7 by default), that occurred at `occurred_at` (an aware
         datetime; now by default). The active OpenTelemetry span's W3C trace context, if
         any, goes into `meta` now, not at append."""
+        what = f"{self.type} v{self.version}"
         if not isinstance(data, self.model):
             try:
                 data = self.model.model_validate(data)
             except ValidationError as exc:
                 raise InvalidEvent(
-                    f"{self.type} v{self.version}: the data does not fit "
+                    f"{what}: the data does not fit "
                     f"{self.model.__name__}: {exc.errors()[0]['msg']} at "
                     f"{'.'.join(str(part) for part in exc.errors()[0]['loc']) or 'top level'}"
                 ) from None
+            except RecursionError:
+                raise InvalidEvent(f"{what}: the data nests too deep") from None
         if event_id is None:
             event_id = uuid7()
         elif not isinstance(event_id, str) or not _UUID7.match(event_id):
             raise InvalidEvent(f"event_id must be a lowercase UUIDv7, not {event_id!r}")
         when = datetime.now(UTC) if occurred_at is None else occurred_at
-        if when.tzinfo is None or when.utcoffset() is None:
-            raise InvalidEvent("occurred_at must be an aware datetime (with a time zone)")
+        if not isinstance(when, datetime) or when.tzinfo is None or when.utcoffset() is None:
+            raise InvalidEvent(
+                f"occurred_at must be an aware datetime (with a time zone), not {when!r}"
+            )
         stamp = when.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
         meta: dict[str, Any] = {
             **trace_context.producer_meta(),
             META_VERSION: self.version,
             META_OCCURRED_AT: stamp,
         }
-        envelope: dict[str, Any] = {
-            "id": event_id,
-            "type": self.type,
-            "args": [data.model_dump(mode="json", by_alias=True)],
-            "meta": meta,
-        }
-        if self.queue is not None:
-            envelope["options"] = {"queue": self.queue}
         try:
+            # pydantic refuses data nested deeper than it serializes (a ValueError); JSON has
+            # no words for NaN or an infinity (a ValueError too); a model of its own may
+            # raise anything a value's serializer raises.
+            envelope: dict[str, Any] = {
+                "id": event_id,
+                "type": self.type,
+                "args": [data.model_dump(mode="json", by_alias=True)],
+                "meta": meta,
+            }
+            if self.queue is not None:
+                envelope["options"] = {"queue": self.queue}
             job = _json_text(envelope)
-        except ValueError as exc:  # NaN or an infinity, which JSON has no words for
-            raise InvalidEvent(f"{self.type} v{self.version}: {exc}") from None
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise InvalidEvent(f"{what}: the data is not JSON: {_said(exc)}") from None
+        # What the relay would refuse of it (a depth beyond its bound, a lone surrogate) is
+        # refused now, not at append: an event that exists can be appended.
+        _checked(job)
         return Event(event_id, self.type, self.version, stamp, job)
 
 
@@ -273,7 +284,7 @@ class Outbox:
             try:
                 text = _json_text(dict(event))
             except (TypeError, ValueError) as exc:
-                raise InvalidEvent(f"the envelope is not JSON: {exc}") from None
+                raise InvalidEvent(f"the envelope is not JSON: {_said(exc)}") from None
             except RecursionError:
                 raise InvalidEvent("the envelope nests too deep to be JSON") from None
         envelope = _checked(text)
@@ -291,6 +302,11 @@ def _append_error(dead: DeadLetter, event_id: str) -> AppendError:
     if dead.reason is DeadReason.TOO_LARGE:
         return EventTooLarge(text)
     return InvalidEvent(text)
+
+
+def _said(exc: BaseException) -> str:
+    """An error's words, for an `InvalidEvent` (its type when it has none)."""
+    return str(exc) or type(exc).__name__
 
 
 def _json_text(envelope: dict[str, Any]) -> str:
@@ -315,7 +331,10 @@ def _checked(text: str) -> Envelope:
         text.encode()
     except UnicodeEncodeError:
         raise InvalidEvent("a string holds a lone surrogate, which is not UTF-8") from None
-    raw: Any = json.loads(text)
+    try:
+        raw: Any = json.loads(text)
+    except RecursionError:
+        raise InvalidEvent("the envelope nests too deep to be JSON") from None
     event_id = raw.get("id") if isinstance(raw, dict) else None
     if not isinstance(event_id, str) or not _UUID7.match(event_id):
         raise InvalidEvent(

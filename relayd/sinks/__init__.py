@@ -117,10 +117,20 @@ class SendWindow:
     A request that could only read (a lookup by id) needs no window."""
 
     send_by: float
+    # When the claim's answer arrived (loop time): its rows' ages were measured then. None:
+    # now, for a window made outside a claim.
+    opened_at: float | None = None
 
     def closed(self) -> bool:
         """Whether it is too late to send: the row is then `NotStarted` (released)."""
         return asyncio.get_running_loop().time() > self.send_by
+
+    def elapsed_s(self) -> float:
+        """Seconds since the window opened: what to add to a row's age at the claim for its
+        age now, as a request leaves."""
+        if self.opened_at is None:
+            return 0.0
+        return max(asyncio.get_running_loop().time() - self.opened_at, 0.0)
 
 
 class Sink(Protocol):

@@ -132,15 +132,19 @@ class Process:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    async def fired(self, point: str, *, timeout_s: float = _READY_TIMEOUT_S) -> None:
-        """Wait until the process wrote that its failpoint `point` fired."""
-        await self.logged(f"failpoint {point}:", timeout_s=timeout_s)
+    async def fired(
+        self, point: str, *, times: int = 1, timeout_s: float = _READY_TIMEOUT_S
+    ) -> None:
+        """Wait until the process wrote that its failpoint `point` fired, `times` times."""
+        await self.logged(f"failpoint {point}:", times=times, timeout_s=timeout_s)
 
-    async def logged(self, text: str, *, timeout_s: float = _READY_TIMEOUT_S) -> None:
-        """Wait until the process's output contains `text`."""
+    async def logged(
+        self, text: str, *, times: int = 1, timeout_s: float = _READY_TIMEOUT_S
+    ) -> None:
+        """Wait until the process's output contains `text` (`times` times)."""
         try:
             async with asyncio.timeout(timeout_s):
-                while text not in self.log():  # noqa: ASYNC110 - a file cannot signal
+                while self.log().count(text) < times:  # noqa: ASYNC110 - a file cannot signal
                     await asyncio.sleep(0.02)
         except TimeoutError:
             raise AssertionError(

@@ -14,6 +14,7 @@ import signal
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime, parsedate_to_datetime
 
+import asyncpg
 import pytest
 
 from tests.faults import scenarios
@@ -84,29 +85,39 @@ def _http_date(offset_s: float) -> str:
     return format_datetime(datetime.now(UTC) + timedelta(seconds=offset_s), usegmt=True)
 
 
-# Retry-After as the sink sent it -> the bounds of the wait relayd must choose, in seconds,
-# with retry.cap_s at 5: honoured when sane, never negative, never beyond the cap. The wait
-# is measured from the attempt's start (last_attempt_at) to the next due time, so the upper
-# bounds allow for the attempt itself (at most sink.timeout_s, 1 s) and its settle. An HTTP
-# date names a moment, not a delay: its bounds are worked out per row, from the date the
-# header names and the row's last_attempt_at (None here).
+# Retry-After as the sink sent it (None: an HTTP date 4 s ahead when the fault is installed),
+# with retry.cap_s at 5: honoured when sane, never negative, never beyond the cap.
 CAP_S = 5.0
-SLACK_S = 1.5
 RETRY_AFTER = {
-    "seconds": ("2", 2.0, 2.0 + SLACK_S),
-    "http-date": (None, None, None),  # 4 s ahead when the fault is installed
-    "past": (_http_date(-3600), 0.0, SLACK_S),
-    "absurd": ("99999999999999999999", CAP_S, CAP_S + SLACK_S),
+    "seconds": "2",
+    "http-date": None,
+    "past": _http_date(-3600),
+    "absurd": "99999999999999999999",
 }
 
 
-def _date_bounds(header: str, attempted_at: datetime) -> tuple[float, float]:
-    """The wait owed to a row attempted at `attempted_at` and answered `Retry-After: header`
-    (an HTTP date): until that moment, measured from the attempt, within [0, CAP_S]. The
-    answer comes after the attempt's start, so the wait can only be longer, by the slack."""
-    owed = (parsedate_to_datetime(header) - attempted_at).total_seconds()
-    low = min(max(owed, 0.0), CAP_S)
-    return low - 0.01, low + SLACK_S  # 0.01: timestamps are microseconds, dates seconds
+def _owed_s(header: str, attempted_at: datetime) -> float:
+    """The wait owed to a row attempted at `attempted_at` and answered `Retry-After: header`,
+    counted from the attempt: the seconds, or until the date, within [0, CAP_S]."""
+    if header.isdigit():
+        owed = float(header)
+    else:
+        owed = (parsedate_to_datetime(header) - attempted_at).total_seconds()
+    return min(max(owed, 0.0), CAP_S)
+
+
+def _due_bounds(header: str, row: asyncpg.Record) -> tuple[datetime, datetime]:
+    """When a row answered 429 may be due again, from what the database recorded: the
+    attempt's start (`last_attempt_at`, A) and a moment after its settle (`seen_at`, O).
+
+    relayd hears the answer at some R in [A, O] and settles at some S in [R, O]; the row is
+    due at S + min(max(until - R, 0), cap) (the seconds, or the date less R). That is at
+    least A + owed(A) and at most O + owed(A), whatever R and S were: bounds that no
+    scheduling delay can break, and that a wait ignored, negative or uncapped falls outside.
+    (0.01 s either way: timestamps are microseconds, an HTTP date is whole seconds.)"""
+    owed = timedelta(seconds=_owed_s(header, row["last_attempt_at"]))
+    slack = timedelta(seconds=0.01)
+    return row["last_attempt_at"] + owed - slack, row["seen_at"] + owed + slack
 
 
 @pytest.mark.parametrize("form", sorted(RETRY_AFTER))
@@ -114,7 +125,6 @@ async def test_429_with_retry_after(scene: Scene, form: str) -> None:
     """The sink answers 429 to every POST with `Retry-After` in seconds, as an HTTP
     date, as a date in the past or absurdly large: the rows wait what it asked, bounded by
     retry.cap_s (a sink cannot park a row for centuries), and are published after."""
-    header, low, high = RETRY_AFTER[form]
     sink = await scene.start_sink(*OVERWRITE)
     await scene.relay(
         "relay",
@@ -123,15 +133,14 @@ async def test_429_with_retry_after(scene: Scene, form: str) -> None:
         RELAYD_RELAY__WORKERS="1",
     )
     # The relay is up before the date is written, so a slow start cannot spend the 4 s.
-    header = _http_date(4) if header is None else header
+    header = RETRY_AFTER[form] or _http_date(4)
     await sink.faults(
         {"action": "status", "status": 429, "method": "POST", "times": None, "retry_after": header}
     )
     await scene.produce(20)
     # Rows between attempts: their last one was answered 429 and no claim holds them.
     waiting = (
-        f"SELECT last_attempt_at, "
-        f"extract(epoch FROM available_at - last_attempt_at)::float8 AS wait_s "
+        f"SELECT last_attempt_at, available_at, clock_timestamp() AS seen_at "
         f"FROM {scene.sql_table} WHERE last_error LIKE 'HTTP 429%' "
         "AND lease_owner IS NULL AND published_at IS NULL"
     )
@@ -139,17 +148,14 @@ async def test_429_with_retry_after(scene: Scene, form: str) -> None:
         while not (waits := await scene.conn.fetch(waiting)):  # noqa: ASYNC110 - SQL state
             await asyncio.sleep(0.02)
     for row in waits:
-        if low is None or high is None:
-            low_s, high_s = _date_bounds(header, row["last_attempt_at"])
-        else:
-            low_s, high_s = low, high
-        assert low_s <= row["wait_s"] <= high_s, (
-            f"waits {[r['wait_s'] for r in waits]}, owed [{low_s}, {high_s}]"
+        low, high = _due_bounds(header, row)
+        assert low <= row["available_at"] <= high, (
+            f"due at {row['available_at']}, owed between {low} and {high}"
         )
     if form == "http-date":
         # Not vacuous: the date was still ahead when the first 429 was answered.
         first = min(row["last_attempt_at"] for row in waits)
-        assert _date_bounds(header, first)[0] > 0, "the date passed before any attempt"
+        assert _owed_s(header, first) > 0, "the date passed before any attempt"
     await sink.clear_faults()
     await scene.drained(timeout_s=30)
     assert await scene.dead() == {}

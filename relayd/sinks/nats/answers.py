@@ -151,6 +151,28 @@ def classify_api_error(error: ApiError, *, subject: str) -> Outcome:
     return RetryLater(text)
 
 
+# The refusals that say the stream has no room for a message now: sink-wide (the stream
+# frees room as its limits remove old messages, or an operator raises them), unless the
+# message is larger than the stream's whole budget (`never_stored`).
+NO_ROOM = frozenset({10053, 10077})
+
+
+def never_stored(message: NatsMessage, facts: StreamFacts) -> DeadLetter | None:
+    """The dead letter of a message the stream can never hold: larger than its `max_bytes`
+    as stored (body, header block and subject, a lower bound of what the stream counts);
+    None when it may fit once there is room."""
+    if facts.max_bytes is None:
+        return None
+    size = message.size + len(message.subject.encode())
+    if size <= facts.max_bytes:
+        return None
+    return DeadLetter(
+        DeadReason.SINK_TOO_LARGE,
+        f"the message is at least {size} bytes as stored, over the stream's max_bytes "
+        f"({facts.max_bytes}): the stream can never hold it",
+    )
+
+
 def classify_stored(
     reply: bytes,
     *,

@@ -72,6 +72,9 @@ class StreamFacts:
     duplicate_window_s: float | None
     subjects: tuple[str, ...]
     version: tuple[int, int, int] | None = None
+    # The stream's whole budget of bytes (None: no limit): a message larger than it can never
+    # be stored, however much is removed.
+    max_bytes: int | None = None
 
     @property
     def atomic(self) -> bool:
@@ -96,6 +99,7 @@ def stream_facts(account: Mapping[str, Any], stream: Mapping[str, Any]) -> Strea
     config = stream.get("config")
     config = config if isinstance(config, dict) else {}
     window, subjects = config.get("duplicate_window"), config.get("subjects")
+    max_bytes = config.get("max_bytes")
     metadata = config.get("metadata")
     version = metadata.get(_VERSION_KEY) if isinstance(metadata, dict) else None
     return StreamFacts(
@@ -106,6 +110,7 @@ def stream_facts(account: Mapping[str, Any], stream: Mapping[str, Any]) -> Strea
         if isinstance(subjects, list)
         else (),
         version=_version(version),
+        max_bytes=max_bytes if _int(max_bytes) and max_bytes > 0 else None,
     )
 
 

@@ -18,6 +18,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import nats
@@ -38,6 +39,7 @@ from relayd.core.outcomes import (
 from relayd.core.rows import ClaimedRow
 from relayd.sinks import Capabilities, ExchangeObserver, SendWindow, SinkHealth, report
 from relayd.sinks.nats.answers import (
+    NO_ROOM,
     Duplicate,
     Refused,
     classify_ack,
@@ -45,6 +47,7 @@ from relayd.sinks.nats.answers import (
     classify_exception,
     classify_marker_reply,
     classify_stored,
+    never_stored,
     read_facts,
     reply_code,
     stream_verdict,
@@ -81,6 +84,13 @@ _FACTS_TTL_S = 60.0
 _CAPABILITIES = Capabilities(batches=True, reconcile_by_id=False)
 
 
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    facts: StreamFacts
+    expires_at: float  # the sink's clock
+    read_at: float  # loop time the read was sent
+
+
 class NatsSink:
     """Publishes rows as events to one JetStream stream.
 
@@ -114,8 +124,9 @@ class NatsSink:
             observe=observe,
             on_reconnected=self._forget_facts,  # perhaps another server, or an upgrade
         )
-        # What the server and the stream reported, and until when (clock) it is trusted.
-        self._facts: tuple[float, StreamFacts] | None = None
+        # What the server and the stream reported, until when (clock) it is trusted, and
+        # when (loop time) it was asked for.
+        self._facts: _Facts | None = None
         self._facts_failure: tuple[float, SinkDown] | None = None
         self._facts_lock = asyncio.Lock()
 
@@ -235,9 +246,9 @@ class NatsSink:
         if mode is Mode.ATOMIC_MARKER:
             outcome = await self._publish_batch(client, message, row.event_id, window)
         elif mode is Mode.ID_IN_SUBJECT:
-            outcome = await self._publish_one(expecting_new_subject(message), row.event_id)
+            outcome = await self._publish_one(expecting_new_subject(message), row.event_id, window)
         else:
-            outcome = await self._publish_one(message, row.event_id)
+            outcome = await self._publish_one(message, row.event_id, window)
         return self._noted(outcome)
 
     async def _pipeline(
@@ -280,7 +291,7 @@ class NatsSink:
             outcomes[row.event_id] = self._noted(
                 reply
                 if not isinstance(reply, Msg)
-                else await self._answered(reply, message, row.event_id)
+                else await self._answered(reply, message, row.event_id, window)
             )
         return outcomes
 
@@ -300,20 +311,49 @@ class NatsSink:
             return classify_exception(nats.errors.NoRespondersError(), subject=message.subject)
         return future.result()
 
-    async def _publish_one(self, message: NatsMessage, event_id: str) -> Outcome:
+    async def _publish_one(
+        self, message: NatsMessage, event_id: str, window: SendWindow
+    ) -> Outcome:
         """The event alone; a publish expecting its subject empty learns whether it is."""
         reply = await self._request(message)
         if not isinstance(reply, Msg):
             return reply
-        return await self._answered(reply, message, event_id)
+        return await self._answered(reply, message, event_id, window)
 
-    async def _answered(self, reply: Msg, message: NatsMessage, event_id: str) -> Outcome:
+    async def _room_for(
+        self,
+        answer: Outcome | Duplicate | Taken,
+        reply: bytes,
+        message: NatsMessage,
+        window: SendWindow,
+    ) -> Outcome | Duplicate | Taken:
+        """A refusal for want of room (a full stream: sink-wide, a wait), unless the message
+        is larger than the stream's whole budget: then it can never be stored, and is
+        dead-lettered at once instead of failing the sink again and again."""
+        if not isinstance(answer, SinkDown):
+            return answer  # the usual case: the reply is not read again
+        code = reply_code(reply)
+        if not code.isdigit() or int(code) not in NO_ROOM:
+            return answer
+        facts = await self._stream_facts(fresh_since=window.opened_at)
+        if isinstance(facts, SinkDown):
+            return answer
+        return never_stored(message, facts) or answer
+
+    async def _answered(
+        self, reply: Msg, message: NatsMessage, event_id: str, window: SendWindow
+    ) -> Outcome:
         """What the reply to a publish of the event alone means, read back if need be."""
-        answer = classify_ack(
+        answer = await self._room_for(
+            classify_ack(
+                reply.data,
+                stream=self._stream,
+                subject=message.subject,
+                guarded=EXPECTED_LAST_SUBJECT_SEQ in message.headers,
+            ),
             reply.data,
-            stream=self._stream,
-            subject=message.subject,
-            guarded=EXPECTED_LAST_SUBJECT_SEQ in message.headers,
+            message,
+            window,
         )
         if isinstance(answer, Duplicate):
             self._note("publish", "duplicate")
@@ -334,32 +374,41 @@ class NatsSink:
         a row still due to be sent)."""
         if not needs_facts(message.route):
             return Mode.ID_IN_SUBJECT
-        facts = await self._stream_facts()
+        # A row an earlier attempt may have stored is sent again only against facts read
+        # since its claim: an operator may have shortened the stream's duplicate window
+        # after they were cached, and the stream forgets ids at once then.
+        facts = await self._stream_facts(
+            fresh_since=window.opened_at if row.claimed_before else None
+        )
         if isinstance(facts, SinkDown):
             return self._noted(facts)
         mode = mode_for(message.route, facts, marker_prefix=self._settings.marker_prefix)
+        # Its age as it leaves, not as it was claimed: it may have waited for a sending slot.
         if mode is Mode.WINDOW and past_window(
             claimed_before=row.claimed_before,
-            age_s=row.age_s,
+            age_s=row.age_s + window.elapsed_s(),
             window_s=facts.duplicate_window_s,
             margin_s=self._settings.timeout_s,
         ):
             if window.closed():
                 return NotStarted()
-            refused = self._past_window(row, facts)
+            refused = self._past_window(row, facts, window)
             if refused is not None:
                 return refused
         return mode
 
-    def _past_window(self, row: ClaimedRow, facts: StreamFacts) -> Outcome | None:
+    def _past_window(
+        self, row: ClaimedRow, facts: StreamFacts, window: SendWindow
+    ) -> Outcome | None:
         """An ambiguous row the stream may have forgotten: sent if an operator redrove it
         since its last attempt, else as `sink.past_window` says."""
         window_s = facts.duplicate_window_s
+        age_s = row.age_s + window.elapsed_s()
         action = past_window_action(redriven=row.redriven, setting=self._settings.past_window)
         self._note("past_window", action.value)
         if action is PastWindow.DEAD_LETTER:
-            return past_window_dead_letter(row.age_s, window_s)
-        fields = {"event_id": row.event_id, "age_s": round(row.age_s, 3), "window_s": window_s}
+            return past_window_dead_letter(age_s, window_s)
+        fields = {"event_id": row.event_id, "age_s": round(age_s, 3), "window_s": window_s}
         if action is PastWindow.REDRIVEN:
             # The operator's decision (`relayd dlq retry`), not the relay's: no warning.
             self._log.info("sink.resending_redriven", **fields)
@@ -400,7 +449,12 @@ class NatsSink:
         reply = await self._request(event)
         if not isinstance(reply, Msg):
             return reply
-        answer = classify_ack(reply.data, stream=self._stream, subject=event.subject, guarded=True)
+        answer = await self._room_for(
+            classify_ack(reply.data, stream=self._stream, subject=event.subject, guarded=True),
+            reply.data,
+            message,
+            window,
+        )
         code = reply_code(reply.data)
         self._note("publish", "ok" if isinstance(answer, Published) else code)
         if code == str(ATOMIC_DISABLED):
@@ -414,7 +468,7 @@ class NatsSink:
                     f"the stream holds this event's id from a publish outside a batch "
                     f"(JetStream error {BATCH_DUPLICATE_ID}); the next attempt sends it alone"
                 )
-            return await self._publish_one(message, event_id)
+            return await self._publish_one(message, event_id, window)
         if isinstance(answer, Duplicate):  # a batch's answer never says so; kept honest
             return await self._read_back(answer.seq, message, event_id)
         if not isinstance(answer, Taken):
@@ -475,29 +529,38 @@ class NatsSink:
             json.dumps(request).encode(),
         )
 
-    async def _stream_facts(self) -> StreamFacts | SinkDown:
+    async def _stream_facts(self, fresh_since: float | None = None) -> StreamFacts | SinkDown:
         """The server's API level and the stream's configuration, read when first needed
-        and again after `_FACTS_TTL_S`, a reconnect, or an answer that shows them stale;
-        concurrent rows share one read."""
+        and again after `_FACTS_TTL_S`, a reconnect, or an answer that shows them stale, or
+        when the caller needs them read since `fresh_since` (loop time); concurrent callers
+        share one read."""
         asked_at = self._clock()
-        known = self._facts
-        if known is not None and known[0] > asked_at:
-            return known[1]  # the usual case, asked for every row: no lock
+        if (cached := self._cached_facts(asked_at, fresh_since)) is not None:
+            return cached  # the usual case, asked for every row: no lock
         async with self._facts_lock:
-            known = self._facts
-            if known is not None and known[0] > asked_at:
-                return known[1]
+            if (cached := self._cached_facts(asked_at, fresh_since)) is not None:
+                return cached
             failed = self._facts_failure
             if failed is not None and failed[0] >= asked_at:
                 return failed[1]  # decided while this row waited: shared, not asked again
+            read_at = asyncio.get_running_loop().time()
             account = await self._api("account_info", f"{API_PREFIX}.INFO", b"")
             stream = await self._api("stream_info", f"{API_PREFIX}.STREAM.INFO.{self._stream}", b"")
             facts = read_facts(account, stream, stream_name=self._stream)
             if isinstance(facts, StreamFacts):
-                self._facts, self._facts_failure = (self._clock() + _FACTS_TTL_S, facts), None
+                self._facts = _Facts(facts, self._clock() + _FACTS_TTL_S, read_at)
+                self._facts_failure = None
             else:
                 self._facts_failure = (self._clock(), facts)
             return facts
+
+    def _cached_facts(self, asked_at: float, fresh_since: float | None) -> StreamFacts | None:
+        known = self._facts
+        if known is None or known.expires_at <= asked_at:
+            return None
+        if fresh_since is not None and known.read_at < fresh_since:
+            return None
+        return known.facts
 
     async def _api(self, operation: str, subject: str, payload: bytes) -> bytes | SinkDown:
         """One JetStream API request (`operation` names it for the metric): its reply's

@@ -86,6 +86,7 @@ class WebhookSink:
         *,
         observe: ExchangeObserver | None = None,
         clock: Callable[[], float] = time.time,
+        files_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         settings.target  # noqa: B018 - ConfigError naming sink.url
         self._settings = settings
@@ -94,8 +95,9 @@ class WebhookSink:
         self._observe = observe
         # The wall clock of webhook-timestamp (receivers compare it with theirs).
         self._clock = clock
+        # The secret file's looks are timed on `files_clock` (monotonic).
         self._secrets = TokenFile(
-            settings.secret_path, settings.secret_text, check=check_secret_text
+            settings.secret_path, settings.secret_text, check=check_secret_text, clock=files_clock
         )
         self._endpoints: dict[str, _Endpoint] = {}
         self._session: aiohttp.ClientSession | None = None

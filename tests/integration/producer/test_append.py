@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,9 +22,11 @@ from sqlalchemy.orm import Session
 
 from relayd import producer
 from relayd.producer import (
+    AppendError,
     Event,
     EventIdConflict,
     EventTooLarge,
+    InvalidEvent,
     NotInTransaction,
     Outbox,
     define_event,
@@ -50,7 +52,7 @@ class Tx(Protocol):
     pid: int
 
     async def execute(self, sql: str) -> None: ...
-    async def append(self, event: Event) -> None: ...
+    async def append(self, event: Event | Mapping[str, Any]) -> None: ...
     async def commit(self) -> None: ...
     async def rollback(self) -> None: ...
     async def close(self) -> None: ...
@@ -71,7 +73,7 @@ class AsyncpgTx:
     async def execute(self, sql: str) -> None:
         await self._conn.execute(sql)
 
-    async def append(self, event: Event) -> None:
+    async def append(self, event: Event | Mapping[str, Any]) -> None:
         await producer.append(self._conn, event)
 
     async def commit(self) -> None:
@@ -98,7 +100,7 @@ class PsycopgTx:
     async def execute(self, sql: str) -> None:
         await asyncio.to_thread(self._conn.execute, sql)
 
-    async def append(self, event: Event) -> None:
+    async def append(self, event: Event | Mapping[str, Any]) -> None:
         await asyncio.to_thread(producer_psycopg.append, self._conn, event)
 
     async def commit(self) -> None:
@@ -123,7 +125,7 @@ class PsycopgAsyncTx:
     async def execute(self, sql: str) -> None:
         await self._conn.execute(sql)
 
-    async def append(self, event: Event) -> None:
+    async def append(self, event: Event | Mapping[str, Any]) -> None:
         await producer_psycopg.append(self._conn, event)
 
     async def commit(self) -> None:
@@ -161,7 +163,7 @@ class SqlalchemyTx:
     async def execute(self, sql: str) -> None:
         await asyncio.to_thread(self._conn.execute, text(sql))
 
-    async def append(self, event: Event) -> None:
+    async def append(self, event: Event | Mapping[str, Any]) -> None:
         def run() -> None:
             producer_sqlalchemy.append(self._conn, event)
 
@@ -201,7 +203,7 @@ class SqlalchemyAsyncTx:
     async def execute(self, sql: str) -> None:
         await self._conn.execute(text(sql))
 
-    async def append(self, event: Event) -> None:
+    async def append(self, event: Event | Mapping[str, Any]) -> None:
         await producer_sqlalchemy.append(self._conn, event)
 
     async def commit(self) -> None:
@@ -293,6 +295,52 @@ async def test_append_commits_with_the_business_change(driver: Driver, shop: Sho
     finally:
         await tx.close()
     assert await shop.stored(event.id) == {"outbox": {event.id: event.envelope}, "orders": [1]}
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _bad(**fields: Any) -> dict[str, Any]:
+    job = new_job("order.updated", [{"order_id": 1}], meta={"version": 1})
+    job.update(fields)
+    return job
+
+
+# What an application may hand `append` that can never be appended, by the error it raises.
+BAD_INPUTS: dict[str, tuple[Any, type[AppendError]]] = {
+    "uuidv4": (_bad(id="0190a0e4-7d3a-4b5c-8d6e-0123456789ab"), InvalidEvent),
+    "args-object": (_bad(args={"order_id": 1}), InvalidEvent),
+    "nul": (_bad(args=["a\x00b"]), InvalidEvent),
+    "surrogate": (_bad(args=["\ud800"]), InvalidEvent),
+    "nan": (_bad(args=[float("nan")]), InvalidEvent),
+    "infinity": (_bad(args=[float("-inf")]), InvalidEvent),
+    "unserializable": (_bad(args=[object()]), InvalidEvent),
+    "deep": (_bad(args=_nested(300)), InvalidEvent),
+    "too-deep-for-json": (_bad(args=_nested(100_000)), InvalidEvent),
+    "not-a-mapping": (["id", "type"], InvalidEvent),
+    "too-large": (_bad(args=["x" * (2 * 1024 * 1024)]), EventTooLarge),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_INPUTS))
+async def test_every_bad_input_is_an_append_error(driver: Driver, shop: Shop, bad: str) -> None:
+    """Each bad input of the table raises its `AppendError` through the driver, inside the
+    caller's transaction, and nothing reaches the outbox."""
+    envelope, error = BAD_INPUTS[bad]
+    before = await shop.conn.fetchval("SELECT count(*) FROM relayd.outbox")
+    tx = await _opened(driver, shop)
+    try:
+        with pytest.raises(error) as raised:
+            await tx.append(envelope)
+        assert isinstance(raised.value, AppendError)
+        await tx.rollback()
+    finally:
+        await tx.close()
+    assert await shop.conn.fetchval("SELECT count(*) FROM relayd.outbox") == before
 
 
 async def test_append_rolls_back_with_the_business_change(driver: Driver, shop: Shop) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 import structlog
 from pydantic import SecretStr
 
+from relayd.config import secret_files
 from relayd.config.secret_files import SECRET_MAX_BYTES, TokenFile
 from relayd.core.envelope import Envelope
 from relayd.core.outcomes import Outcome, Published, SinkDown
@@ -69,6 +71,45 @@ async def test_the_file_is_looked_at_once_per_interval(tmp_path: Path) -> None:
         assert await token.current() == NEW
     assert [entry["event"] for entry in logs] == ["sink.token_reloaded"]
     assert not _leaks(logs)
+
+
+async def test_requests_beside_a_due_look_wait_for_it(tmp_path: Path) -> None:
+    """After an idle spell, the requests that start together all wait for the one look the
+    first of them began: none goes on with the old token (the rotation bound)."""
+    path = tmp_path / "token"
+    path.write_text(OLD + "\n")
+    clock = _Clock()
+    token = TokenFile(path, OLD, clock=clock)
+    assert await token.current() == OLD
+    rotate(path, NEW + "\n")
+    clock.now += 60.0  # idle
+    assert await asyncio.gather(*(token.current() for _ in range(40))) == [NEW] * 40
+
+
+async def test_a_look_that_hangs_holds_requests_a_bounded_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look stuck in the file system holds the requests waiting for it at most
+    LOOK_WAIT_S; they go on with the token in use, and nothing waits on the loop."""
+    path = tmp_path / "token"
+    path.write_text(OLD + "\n")
+    clock = _Clock()
+    token = TokenFile(path, OLD, clock=clock)
+    stuck = threading.Event()
+
+    def hanging(*_args: object) -> object:
+        stuck.wait(10)  # released below, so that no thread outlives the test for long
+        return secret_files._Look(error="stuck")
+
+    monkeypatch.setattr(secret_files, "_look_at", hanging)
+    monkeypatch.setattr(secret_files, "LOOK_WAIT_S", 0.2)
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await asyncio.gather(*(token.current() for _ in range(5))) == [OLD] * 5
+        assert loop.time() - started < 2.0
+    finally:
+        stuck.set()
 
 
 async def test_refresh_looks_at_once(tmp_path: Path) -> None:

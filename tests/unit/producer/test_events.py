@@ -33,6 +33,13 @@ from relayd.producer import (
 from relayd.sinks.nats.message import NatsMessage, Route, Routes, message_for
 
 
+def _nested_list(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 class OrderUpdatedV1(BaseModel):
     order_id: int
     status: str
@@ -157,6 +164,60 @@ def test_new_refuses_bad_data_ids_and_times(kwargs: dict[str, Any], message: str
         OrderUpdated.new(data, **kwargs)
 
 
+class Anything(BaseModel):
+    """A model whose one field takes any value: what the data can hold is the serializer's
+    to refuse."""
+
+    value: Any
+
+
+Anything_ = define_event("thing.happened", 1, Anything)
+
+
+@pytest.mark.parametrize(
+    ("data", "kwargs", "message"),
+    [
+        ({"value": _nested_list(300)}, {}, "Maximum serialization depth exceeded"),
+        ({"value": object()}, {}, "Unable to serialize unknown type"),
+        ({"value": "a\x00b"}, {}, "NUL character"),
+        ({"value": "\ud800"}, {}, "lone surrogate"),
+        # The deepest pydantic serializes, inside the envelope: over the relay's bound.
+        ({"value": _nested_list(254)}, {}, "nested deeper than 256 levels"),
+        ({"value": 1}, {"occurred_at": "2024-05-01T12:00:00Z"}, "aware datetime"),
+        ({"value": 1}, {"event_id": 7}, "UUIDv7"),
+        ([1, 2], {}, "does not fit Anything"),
+    ],
+    ids=[
+        "deeper-than-pydantic",
+        "unserializable",
+        "nul",
+        "surrogate",
+        "deeper-than-the-relay",
+        "time-as-text",
+        "id-as-number",
+        "not-a-mapping",
+    ],
+)
+def test_every_failure_of_new_is_an_append_error(
+    data: Any, kwargs: dict[str, Any], message: str
+) -> None:
+    """Whatever the data, the id or the time holds, `new` raises an `InvalidEvent` (an
+    `AppendError`) saying why, never pydantic's or the JSON encoder's own error."""
+    with pytest.raises(InvalidEvent, match=message) as raised:
+        Anything_.new(data, **kwargs)
+    assert isinstance(raised.value, AppendError)
+
+
+class Measured(BaseModel):
+    value: float
+
+
+def test_an_infinite_float_is_an_append_error() -> None:
+    """A float field holding an infinity (pydantic keeps it; JSON has no word for it)."""
+    with pytest.raises(InvalidEvent, match="Out of range float values are not JSON compliant"):
+        define_event("thing.measured", 1, Measured).new({"value": float("inf")})
+
+
 def test_meta_carries_the_active_span() -> None:
     """Built under an active OpenTelemetry span, an event's meta holds its traceparent."""
     tracer = TracerProvider().get_tracer("test")
@@ -172,13 +233,6 @@ def test_meta_holds_no_trace_without_a_span() -> None:
     """Without an active span, nothing about tracing is stored."""
     event = OrderUpdated.new({"order_id": 1, "status": "paid"})
     assert set(event.meta) == {META_VERSION, META_OCCURRED_AT}
-
-
-def _nested(depth: int) -> list[Any]:
-    value: list[Any] = []
-    for _ in range(depth):
-        value = [value]
-    return value
 
 
 def _job(**fields: Any) -> dict[str, Any]:
@@ -201,8 +255,8 @@ def _job(**fields: Any) -> dict[str, Any]:
         (_job(args=["\ud800"]), "lone surrogate"),
         (_job(args=[float("nan")]), "not JSON"),
         (_job(args=[object()]), "not JSON"),
-        (_job(args=_nested(300)), "nested deeper than 256"),
-        (_job(args=_nested(100_000)), "nests too deep"),
+        (_job(args=_nested_list(300)), "nested deeper than 256"),
+        (_job(args=_nested_list(100_000)), "nests too deep"),
     ],
     ids=[
         "uuidv4",

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import nats
-import pytest
 import structlog
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
@@ -61,14 +59,6 @@ async def commit(conn: asyncpg.Connection, jobs: list[dict[str, Any]]) -> list[s
     async with conn.transaction():
         await enqueue_many(conn, jobs)
     return [str(job["id"]) for job in jobs]
-
-
-@pytest.fixture
-async def js(nats_server: NatsServer) -> AsyncIterator[Client]:
-    """A client of the test's server (for setting up streams and reading them back)."""
-    client = await nats.connect(nats_server.url)
-    yield client
-    await client.close()
 
 
 async def add_stream(client: Client, **config: Any) -> None:

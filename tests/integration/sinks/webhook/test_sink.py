@@ -5,6 +5,7 @@ answers lose nothing, and a 410 pauses its route, audited, dead-lettering nothin
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 from collections import Counter
@@ -14,13 +15,27 @@ from typing import Any
 import asyncpg
 import structlog
 
-from relayd.core.envelope import META_OCCURRED_AT
+from relayd.core.envelope import META_OCCURRED_AT, Envelope
+from relayd.core.outcomes import Published
+from relayd.core.rows import ClaimedRow
 from relayd.operator.check import Verdict, run_checks
 from relayd.producer import enqueue_many, new_job
 from relayd.settings import Settings
+from relayd.sinks import SendWindow
+from relayd.sinks.webhook.sink import WebhookSink
 from relayd.testing.processes import free_port
 from relayd.testing.webhook_receiver import Fault, receiving
-from tests.support import FAST, Database, drained, eventually, pending, run_until_idle, running
+from tests.support import (
+    FAST,
+    Database,
+    SinkHealthRecord,
+    claimed,
+    drained,
+    eventually,
+    pending,
+    run_until_idle,
+    running,
+)
 
 WHEN = "2024-05-01T12:00:00Z"
 OLD = "whsec_" + base64.b64encode(b"o" * 32).decode()
@@ -113,6 +128,57 @@ async def test_a_secret_rotation_mid_run_loses_no_delivery(
             await eventually(lambda: drained(conn))
     assert receiver.refused == []
     assert set(first + signed_twice + last) == set(receiver.stored)
+
+
+async def test_a_rotation_after_a_long_idle_spell_signs_every_later_delivery_anew(
+    tmp_path: Path,
+) -> None:
+    """The rotation bound: every delivery that starts more than a second after the secret
+    file changed is signed with the new secrets, however long the sink was idle before (60 s
+    on the sink's clock): 40 deliveries at once after the change all verify against the new
+    secret alone."""
+    secret_file = tmp_path / "whsec"
+    write_secrets(secret_file, OLD)
+    now = [1000.0]
+    async with receiving([OLD]) as receiver:
+        settings = webhook_settings("postgresql://unused@127.0.0.1/x", secret_file)
+        sink = WebhookSink(
+            settings.sink.model_copy(update={"url": receiver.endpoint()}),  # type: ignore[arg-type]
+            SinkHealthRecord(),
+            files_clock=lambda: now[0],
+        )
+        await sink.start()
+        try:
+            window = SendWindow(asyncio.get_running_loop().time() + 60)
+            first = _rows(1)
+            await sink.publish(first, _envelopes(first), window=window)
+            assert list(receiver.stored) == [first[0].event_id]  # signed with the old secret
+            now[0] += 60.0  # idle
+            write_secrets(secret_file, NEW)
+            receiver.secrets = [NEW]  # the receiver has moved over: the old secret fails
+            now[0] += 1.0  # the bound
+            rows = _rows(40)
+            envelopes = _envelopes(rows)
+            outcomes = await asyncio.gather(
+                *(sink.publish([row], envelopes, window=window) for row in rows)
+            )
+        finally:
+            await sink.close()
+    assert receiver.refused == []
+    assert sorted(receiver.stored) == sorted(row.event_id for row in first + rows)
+    assert all(isinstance(o, Published) for outcome in outcomes for o in outcome.values())
+
+
+def _rows(count: int) -> list[ClaimedRow]:
+    """Rows of webhook events, as a claim returns them."""
+    return [
+        claimed(type="order.paid", args=[{"n": n}], meta={META_OCCURRED_AT: WHEN})
+        for n in range(count)
+    ]
+
+
+def _envelopes(rows: list[ClaimedRow]) -> dict[str, Envelope]:
+    return {row.event_id: Envelope.parse(row.job, row.event_id) for row in rows}
 
 
 async def test_slow_downs_drops_and_slow_answers_lose_nothing(
