@@ -97,6 +97,11 @@ class RelaySettings(Section):
     # impossible).
     storm_threshold: float = Field(default=0.5, gt=0, le=1)
     storm_window: int = Field(default=100, ge=1, le=100_000)
+    # Where the relay keeps its proof of life (relayd/engine/liveness.py): a directory the
+    # operating system clears with the machine, private to this service (systemd's
+    # RuntimeDirectory=, a pod's emptyDir). Unset: systemd's $RUNTIME_DIRECTORY if there is
+    # one, else none, and a crashed relay's claims wait out relay.lease_s.
+    runtime_dir: Path | None = None
 
 
 class RetrySettings(Section):

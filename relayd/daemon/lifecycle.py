@@ -39,6 +39,7 @@ from relayd.daemon.listener import listen_for_inserts
 from relayd.daemon.sampler import InstanceInfo, Sampler
 from relayd.engine.breaker import BreakerGate
 from relayd.engine.chores import Chore, Housekeeping
+from relayd.engine.liveness import NoProof, Proof, acquire, runtime_dir
 from relayd.engine.relay import RelayContext, RelayWorker, WorkerSettings
 from relayd.engine.storm import StormGuard, StormHold
 from relayd.operator.status import build_report, report_json
@@ -98,6 +99,8 @@ class Daemon:
         self._hard_stop: asyncio.Timeout | None = None
         self._grace_ends: float | None = None
         self._crashed = False
+        # This process's proof of life (relayd/engine/liveness.py), once `run` began.
+        self.proof: Proof | NoProof | None = None
         self._log = get_logger("daemon")
         # A one-line backlog summary for systemd's STATUS= line (relayd/daemon/systemd.py), set by
         # whatever samples the backlog; None: not known.
@@ -139,7 +142,11 @@ class Daemon:
         self.settings.sink.require_client()
         stack = AsyncExitStack()
         try:
-            # 1. startup: HTTP, PostgreSQL (waiting for it if need be), the schema, the sink.
+            # 1. startup: the proof of life, HTTP, PostgreSQL (waiting for it if need be), the
+            # schema, a dead predecessor's leases, the sink.
+            self.proof = self._prove_alive()
+            if isinstance(self.proof, Proof):
+                stack.callback(self.proof.release)  # the last thing given up
             if self.settings.http.enabled:
                 stack.push_async_callback((await self._start_http()).cleanup)
             store = await self._connect()
@@ -148,6 +155,8 @@ class Daemon:
                 return EXIT_OK
             stack.push_async_callback(store.close)
             await require_current(store)
+            if not await self._take_back(store):
+                return EXIT_OK  # stopped while PostgreSQL was away
             if self._tracing is None:
                 self._tracing = from_environment(self.settings.sink.kind)
                 if self._tracing is not None:
@@ -162,6 +171,34 @@ class Daemon:
         finally:
             # 4. shutdown, in reverse order: sink sessions, the pool, HTTP (the first open).
             await stack.aclose()
+
+    def _prove_alive(self) -> Proof | NoProof:
+        """Lock a slot of the runtime directory, or say why there is no proof of life."""
+        directory = runtime_dir(self.settings.relay.runtime_dir, os.environ)
+        proof = acquire(directory)
+        if isinstance(proof, Proof):
+            self._log.info("daemon.proof_of_life", lock=str(proof.path), slot=proof.slot)
+        else:
+            self._log.info("daemon.no_proof_of_life", reason=proof.reason)
+        return proof
+
+    async def _take_back(self, store: Store) -> bool:
+        """Make due now the leases a dead process of this slot left (its claims may have
+        been sent: each is reconciled before it is sent again); False if stopped first."""
+        proof = self.proof
+        if not isinstance(proof, Proof):
+            return True
+        taken = await self._database.call(
+            functools.partial(store.take_back, *proof.leases),
+            log=self._log,
+            event="daemon.database_unavailable",
+            stopping=self.stopping,
+        )
+        if taken is None:
+            return False
+        if taken:
+            self._log.warning("daemon.leases_taken_back", rows=taken, slot=proof.slot)
+        return True
 
     async def _start_http(self) -> web.AppRunner:
         """Serve /metrics, /healthz, /readyz and /v1/status; `ListenError` (exit 1, one
@@ -356,6 +393,7 @@ class Daemon:
             slots=asyncio.Semaphore(self.settings.sink.concurrency),
             on_idle=self.stop if self._until_idle else None,
             tracing=self._tracing,
+            holder=self.proof.holder if isinstance(self.proof, Proof) else None,
         )
 
     async def _readiness(self) -> Readiness:

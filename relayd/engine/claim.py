@@ -3,6 +3,7 @@ with them (C4). Pure: the times are passed in."""
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -12,6 +13,18 @@ from relayd.sinks import SendWindow
 
 if TYPE_CHECKING:
     from relayd.telemetry.tracing import ClaimSpan
+
+# Of an owner token's 16 bytes, those that say which relay process claimed with it (its
+# proof of life's identity: relayd/engine/liveness.py); the rest are random per claim.
+HOLDER_BYTES = 8
+
+
+def owner_token(holder: bytes | None) -> uuid.UUID:
+    """A fresh owner token for one claim: random, and starting with `holder` when the
+    process holds a proof of life, so that its successor can tell its claims."""
+    if holder is None:
+        return uuid.uuid4()
+    return uuid.UUID(bytes=holder + secrets.token_bytes(16 - HOLDER_BYTES))
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ParamSpec
@@ -42,7 +41,7 @@ from relayd.core.retry import Backoff, BreakerState, Permit
 from relayd.core.rows import ClaimedRow
 from relayd.core.wakeup import WorkSignal
 from relayd.engine.breaker import BreakerGate
-from relayd.engine.claim import Claim
+from relayd.engine.claim import Claim, owner_token
 from relayd.engine.deadline import AttemptDeadlines
 from relayd.engine.settle import Settler
 from relayd.engine.storm import Key, StormHold
@@ -99,6 +98,8 @@ class RelayContext:
     on_idle: Callable[[], None] | None = None
     # Spans for claim, publish and settle (relayd/telemetry/tracing.py); None: none, at no cost.
     tracing: RelayTracing | None = None
+    # The first bytes of every owner token: this process's proof of life, if it holds one.
+    holder: bytes | None = None
 
 
 class RelayWorker:
@@ -199,7 +200,7 @@ class RelayWorker:
 
     async def claim(self, limit: int) -> Claim:
         """Lease up to `limit` due rows to a fresh owner token (one autocommitted statement)."""
-        owner = uuid.uuid4()
+        owner = owner_token(self._ctx.holder)
         loop = asyncio.get_running_loop()
         sent_at, timer = loop.time(), time.perf_counter()  # the loop's clock may be coarse
         batch = await self._ctx.store.claim_from(

@@ -1,5 +1,6 @@
 """`relayd check`: can this relay run here? One line per check, in the order a relay needs
-them: configuration, database, schema, privileges, LISTEN, sink, clock. A check whose
+them: configuration, database, schema, privileges, LISTEN, sink, clock, and how a crashed
+relay's claims are recovered. A check whose
 prerequisite failed is reported as skipped, never as passed; the privileges line is
 reported even when the schema check failed, if it found a privilege missing (often why).
 The privileges are the relay role's, or the operator's (`--role operator`).
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import enum
 import json
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -28,6 +30,7 @@ from relayd.core.errors import (
     SchemaError,
     StatementError,
 )
+from relayd.engine.liveness import NoProof, probe, runtime_dir
 from relayd.operator.command import Needs, command_store
 from relayd.operator.render import printable
 from relayd.settings import Settings, describe_config_source, load_settings
@@ -119,10 +122,27 @@ async def run_checks(
         except (ConfigError, DatabaseUnavailable) as exc:
             lines.append(CheckLine("database", Verdict.FAIL, _database_failure(exc)))
             lines += _skipped("schema", "privileges", "listen")
-            return [*lines, await _sink_line(settings), *_skipped("clock")]
+            return [*lines, await _sink_line(settings), *_skipped("clock"), _recovery(settings)]
         lines += await _database_lines(store, settings, role)
     lines.insert(-1, await _sink_line(settings))  # before the clock line
-    return lines
+    return [*lines, _recovery(settings)]
+
+
+def _recovery(settings: Settings) -> CheckLine:
+    """How a relay restarted after a crash gets its dead predecessor's claims back: at once,
+    with a proof of life (relayd/engine/liveness.py), or once their lease ends."""
+    found = probe(runtime_dir(settings.relay.runtime_dir, os.environ))
+    if isinstance(found, NoProof):
+        detail = (
+            f"no proof of life ({found.reason}): a crashed relay's claims wait out "
+            f"relay.lease_s ({settings.relay.lease_s:g}s)"
+        )
+    else:
+        detail = (
+            f"proof of life in {found}: a relay restarted after a crash takes its "
+            "predecessor's claims back at once"
+        )
+    return CheckLine("recovery", Verdict.OK, detail)
 
 
 async def _database_lines(store: Store, settings: Settings, role: Role) -> list[CheckLine]:

@@ -68,6 +68,13 @@ class CycleQueries(StoreBase):
     ) -> set[str]:
         return await self._settle("release", owner, event_ids, previous_attempt_at)
 
+    async def take_back(self, lowest: uuid.UUID, highest: uuid.UUID) -> int:
+        """Make the running leases of owner tokens from `lowest` to `highest` due now (a
+        dead process's, as its successor knows them); how many."""
+        with _translated("take_back"):
+            taken: int = await self._pool.fetchval(self._q["take_back"], lowest, highest)
+        return taken
+
     async def _settle(
         self, name: str, owner: uuid.UUID, event_ids: Sequence[str], *columns: Sequence[Any]
     ) -> set[str]:

@@ -49,6 +49,7 @@ async def test_check_passes_on_a_ready_outbox(
         "listen",
         "sink",
         "clock",
+        "recovery",
     ]
     assert {verdict for verdict, _ in verdicts.values()} <= {"ok", "warn"}
     latest = len(load_migrations())
@@ -58,6 +59,27 @@ async def test_check_passes_on_a_ready_outbox(
     )
     assert code == 0
     assert [line["name"] for line in json.loads(out)] == list(verdicts)
+
+
+async def test_check_says_how_a_crashed_relays_claims_are_recovered(
+    cli_env: dict[str, str], database: Database, emulator: RunningEmulator, tmp_path: Path
+) -> None:
+    """The `recovery` line: at once with a runtime directory (the setting, or systemd's
+    $RUNTIME_DIRECTORY), after a whole lease without one."""
+    env = _env(cli_env, database.dsn, emulator.url)
+    _, out, _ = await run_relayd("check", env=env)
+    assert _verdicts(out)["recovery"] == (
+        "ok",
+        "no proof of life (no runtime directory (relay.runtime_dir, or systemd's "
+        "RuntimeDirectory=)): a crashed relay's claims wait out relay.lease_s (30s)",
+    )
+    for where in ("RELAYD_RELAY__RUNTIME_DIR", "RUNTIME_DIRECTORY"):
+        _, out, _ = await run_relayd("check", env=env | {where: str(tmp_path)})
+        assert _verdicts(out)["recovery"] == (
+            "ok",
+            f"proof of life in {tmp_path}: a relay restarted after a crash takes its "
+            "predecessor's claims back at once",
+        )
 
 
 async def test_check_names_a_database_that_refuses_us(

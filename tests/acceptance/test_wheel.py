@@ -236,6 +236,7 @@ async def test_healthcheck_answers_for_a_daemon_configured_by_environment_alone(
             "listen",
             "sink",
             "clock",
+            "recovery",
         ]
         # 3.
         daemon.send_signal(signal.SIGTERM)

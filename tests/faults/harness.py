@@ -216,15 +216,17 @@ class Scene:
         *,
         failpoints: str | None = None,
         ready: bool = True,
+        env: Mapping[str, str] | None = None,
         **settings: str,
     ) -> Process:
-        """Start `relayd run` (FAST settings, then `settings` as RELAYD_* variables).
+        """Start `relayd run` (FAST settings, then `env` and `settings` as RELAYD_*
+        variables).
 
         With `ready`, wait until its /healthz answers; a relay armed to die early may exit
         first, so pass ready=False for those and wait on what the scenario expects.
         """
         port = free_port()
-        env = self.relay_env(name, f"127.0.0.1:{port}", **settings)
+        env = self.relay_env(name, f"127.0.0.1:{port}", **{**(env or {}), **settings})
         if failpoints:
             env["RELAYD_TEST_FAILPOINTS"] = failpoints
         proc = await self._spawn(name, ["run"], env)

@@ -9,6 +9,7 @@ import signal
 from datetime import UTC, datetime
 
 from tests.faults.harness import Scene
+from tests.support import TcpProxy
 from tests.tools import library
 
 # A sink that silently overwrites a reused id: a second POST of a published row shows in its
@@ -90,8 +91,8 @@ async def a_wall_clock_off(scene: Scene, shift_s: int) -> None:
         "shifted",
         failpoints="after_claim=exit@2",
         ready=False,
+        env=shifted_env,
         RELAYD_RELAY__WORKERS="1",
-        **shifted_env,
     )
     assert await shifted.wait() == -signal.SIGKILL
     # Its clock really was off: its log's timestamps are.
@@ -146,3 +147,59 @@ async def rows_failed_together_retried_apart(scene: Scene) -> None:
     await scene.drained()
     assert await relay.stop() == 0
     await scene.check()
+
+
+async def leases(scene: Scene) -> dict[str, str]:
+    """The running leases: event id -> owner token."""
+    rows = await scene.conn.fetch(
+        f"SELECT event_id::text, lease_owner::text FROM {scene.sql_table} "
+        "WHERE lease_owner IS NOT NULL AND published_at IS NULL AND dead_at IS NULL "
+        "AND available_at > now()"
+    )
+    return {row["event_id"]: row["lease_owner"] for row in rows}
+
+
+async def alive_but_cut_off(scene: Scene) -> None:
+    """test_relay_recovery.py::test_a_live_relay_cut_off_from_the_database_keeps_its_claims.
+
+    1. Relay A (runtime directory D, a 10 s lease) claims 20 rows, sends them, and holds them
+    before its settle; 2. its every database connection is cut, and new ones refused, while
+    it lives on; 3. relay B starts on D (A holds slot 0: B takes slot 1) and takes back only
+    its own slot's leases: A's stay A's until their lease ends; 4. A's path comes back; B
+    takes A's rows once their lease ended, and reconciles them: nothing created twice."""
+    await scene.start_sink(*OVERWRITE)
+    runtime = scene.base / "run"
+    runtime.mkdir()
+    path = TcpProxy.for_dsn(scene.dsn)
+    await path.start()
+    try:
+        ids = await scene.produce(20)
+        # 1.
+        alive = await scene.relay(
+            "alive",
+            failpoints="before_settle=delay:4",
+            RELAYD_RELAY__RUNTIME_DIR=str(runtime),
+            RELAYD_RELAY__LEASE_S="10",
+            RELAYD_RELAY__WORKERS="1",
+            RELAYD_DATABASE__DSN=path.dsn_through(scene.dsn),
+        )
+        await alive.fired("before_settle")
+        held = await leases(scene)
+        assert len(held) == len(ids)
+        # 2.
+        await path.cut()
+        # 3.
+        starter = await scene.relay(
+            "starter", RELAYD_RELAY__RUNTIME_DIR=str(runtime), RELAYD_RELAY__LEASE_S="10"
+        )
+        await starter.logged('"daemon.started"')
+        assert '"slot": 1' in starter.log()
+        taken = {i for i, owner in held.items() if (await leases(scene)).get(i) != owner}
+        assert not taken, f"claims of a live relay taken from it ({len(taken)})"
+        assert alive.returncode is None
+        # 4.
+        await path.restore()
+        await scene.drained()
+        await scene.check()
+    finally:
+        await path.close()

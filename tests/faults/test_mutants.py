@@ -43,6 +43,11 @@ CAUGHT_BY: dict[str, tuple[Scenario, str]] = {
         r"rows still pending",
     ),
     "no_jitter": (scenarios.rows_failed_together_retried_apart, "distinct times"),
+    # A starting relay takes the claims of a live relay whose database connection was cut.
+    "lost_connection_is_death": (
+        scenarios.alive_but_cut_off,
+        r"claims of a live relay taken from it \(\d+\)",
+    ),
     # The stream holds another message under a row's id; the mutant records it published.
     "duplicate_is_stored": (
         nats_scenarios.on_nats(nats_scenarios.same_id_different_body),

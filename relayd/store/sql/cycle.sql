@@ -204,6 +204,25 @@ SELECT CASE WHEN count(*) = cardinality($2::uuid[]) THEN NULL
             ELSE coalesce(array_agg(event_id::text), '{}') END
 FROM settled, lazy;
 
+-- name: take_back
+-- At start-up, the leases of a dead process of this relay's identity (its proof of life:
+-- relayd/engine/liveness.py), whose owner tokens lie from $1 to $2: due at once, for any
+-- replica, without waiting out relay.lease_s. Each keeps the attempt its claim counted and
+-- its last_attempt_at, so it is reconciled (or read back) before it is sent again: the dead
+-- process may have sent it. Only leases still running are taken (their available_at lies
+-- ahead), through the claim index. Due from relayd_available_at(), as a new row is.
+-- params: $1 lowest owner token uuid, $2 highest owner token uuid
+WITH taken AS (
+    UPDATE @outbox@
+    SET lease_owner = NULL,
+        available_at = @schema@.relayd_available_at()
+    WHERE published_at IS NULL AND dead_at IS NULL
+      AND available_at > now()
+      AND lease_owner BETWEEN $1 AND $2
+    RETURNING 1
+)
+SELECT count(*) FROM taken;
+
 -- name: next_due_s
 -- Seconds until the earliest pending row the claim may take is due (negative if one is due
 -- now), or NULL when there is none. Reads the claim index in order, with the claim's pause

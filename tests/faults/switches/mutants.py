@@ -19,13 +19,18 @@ launcher (tests/faults/switches/launch.py) calls it, for a relay the fault suite
   the stored message back to compare (C2);
 - ``lazy_claim``: the claim commits without waiting for its WAL flush, as the settles do, so
   a database crash after the POST forgets the attempt and its successor sends again without
-  reconciling (C2).
+  reconciling (C2);
+- ``lost_connection_is_death``: a starting relay takes back every running lease, not only
+  those of its own slot's dead predecessor, as a relay would that took a lost database
+  connection for a dead process: a live relay cut off from PostgreSQL loses its claims
+  before their lease ends (C4).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, get_args
@@ -43,6 +48,7 @@ Mutant = Literal[
     "no_jitter",
     "duplicate_is_stored",
     "lazy_claim",
+    "lost_connection_is_death",
 ]
 MUTANTS: Final[tuple[str, ...]] = get_args(Mutant)
 
@@ -156,6 +162,8 @@ def install(mutant: str, patches: Patches) -> None:
         _duplicate_is_stored(patches)
     elif mutant == "lazy_claim":
         _lazy_claim(patches)
+    elif mutant == "lost_connection_is_death":
+        _lost_connection_is_death(patches)
     else:
         raise MutantSpecError(f"{mutant!r} is not one of {', '.join(MUTANTS)}")
 
@@ -192,3 +200,15 @@ def _lazy_claim(patches: Patches) -> None:
         return load
 
     patches.wrap(connection, "load_queries", lazy)
+
+
+def _lost_connection_is_death(patches: Patches) -> None:
+    from relayd.store.cycle import CycleQueries  # noqa: PLC0415 - relayd only once a mutant runs
+
+    def take_back(original: Any) -> Any:
+        async def wrapped(self: CycleQueries, *_range: Any) -> Any:
+            return await original(self, uuid.UUID(int=0), uuid.UUID(int=2**128 - 1))
+
+        return wrapped
+
+    patches.wrap(CycleQueries, "take_back", take_back)
