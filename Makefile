@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test lint typecheck unit bench constraints clean
+.PHONY: venv demo test lint typecheck unit bench constraints dist clean
 
 # The runtime dependencies are installed at the versions the container image pins
 # (deploy/constraints.txt), so the tests run with what the image ships.
@@ -47,6 +47,12 @@ bench-quick: $(STAMP)
 .PHONY: soak
 soak: $(STAMP)
 	$(BIN)/python -m tests.faults.soak $(ARGS)
+
+# The source distribution and the wheel built from it, into dist/ (docs/install.md):
+# `pip install dist/relayd-*.whl` on the machine that runs relayd, with the extras it needs.
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --no-isolation --outdir dist .
 
 # Re-pin the image's runtime dependencies to what .venv has (after upgrading it on purpose).
 constraints: $(STAMP)

@@ -45,7 +45,13 @@ from relayd.operator import (
     status,
 )
 from relayd.operator.command import Handler, fail
-from relayd.settings import describe_config_source, example_config, load_settings, to_toml
+from relayd.settings import (
+    describe_config_source,
+    example_config,
+    example_kinds,
+    load_settings,
+    to_toml,
+)
 from relayd.sinks import registry
 from relayd.store.privileges import Role, hint
 from relayd.testing import command as emulator_command
@@ -210,6 +216,12 @@ def _add_config_commands(commands: Commands, common: argparse.ArgumentParser) ->
     example = config_commands.add_parser(
         "example", help="print the example configuration (every key, its default and meaning)"
     )
+    example.add_argument(
+        "--kind",
+        choices=example_kinds(),
+        default="ojs",
+        help="the destination's example: ojs (every section), nats or webhook (their [sink])",
+    )
     example.set_defaults(handler=_config_example)
 
 
@@ -231,8 +243,8 @@ def _config_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _config_example(_args: argparse.Namespace) -> int:
-    print(example_config(), end="")
+def _config_example(args: argparse.Namespace) -> int:
+    print(example_config(args.kind), end="")
     return EXIT_OK
 
 

@@ -239,14 +239,24 @@ def describe_config_source(explicit: str | Path | None = None) -> str:
     return f"no configuration file at {path}: defaults and environment only"
 
 
-def example_config() -> str:
-    """The shipped example configuration: inside the installed wheel, else the checkout's."""
-    packaged = resources.files("relayd").joinpath("config.example.toml")
+# The example configuration of each kind: config.example.toml documents every section
+# with the default kind's [sink]; the others show their own [sink] (and [database]).
+_EXAMPLES = {"ojs": "config.example.toml", "nats": "examples/nats.toml"}
+_EXAMPLES["webhook"] = "examples/webhook.toml"
+
+
+def example_kinds() -> list[str]:
+    return sorted(_EXAMPLES)
+
+
+def example_config(kind: str = "ojs") -> str:
+    """The shipped example configuration of `kind`: inside the installed wheel, else the
+    checkout's."""
+    name = _EXAMPLES[kind]
+    packaged = resources.files("relayd").joinpath(name)
     if packaged.is_file():
         return packaged.read_text(encoding="utf-8")
-    return (Path(__file__).resolve().parent.parent / "config.example.toml").read_text(
-        encoding="utf-8"
-    )
+    return (Path(__file__).resolve().parent.parent / name).read_text(encoding="utf-8")
 
 
 def to_toml(

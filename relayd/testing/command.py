@@ -1,10 +1,17 @@
-"""`relayd emulator`: the command that serves the in-memory OJS emulator (relayd/testing/
-emulator/), for trials, demos and tests; the emulator is imported only when the command runs."""
+"""`relayd emulator` and `relayd receiver`: the commands that serve the in-memory OJS emulator
+(relayd/testing/emulator/) and a verifying Standard Webhooks receiver (relayd/testing/
+webhook_receiver.py), for trials, demos and tests; each is imported only when its command
+runs."""
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from relayd.core.errors import EXIT_OK, ConfigError
 
@@ -44,6 +51,19 @@ def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
     )
     emulator.add_argument("--tls-key", metavar="PATH", help="the PEM private key of --tls-cert")
     emulator.set_defaults(handler=run)
+    receiver = commands.add_parser(
+        "receiver",
+        help="serve a Standard Webhooks receiver that verifies every delivery and prints a "
+        "line for each (for trials; needs the relayd[demo] extra)",
+    )
+    receiver.add_argument("--listen", default="127.0.0.1:8081", metavar="HOST:PORT")
+    receiver.add_argument(
+        "--secret-file",
+        required=True,
+        metavar="PATH",
+        help="the secrets to verify with, one whsec_<base64> per line (relayd's sink.secret_file)",
+    )
+    receiver.set_defaults(handler=run_receiver)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,3 +97,46 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("emulator", str(exc)) from None
     serve(host, port, config, ssl_context=ssl_context)
     return EXIT_OK
+
+
+def run_receiver(args: argparse.Namespace) -> int:
+    """Serve the receiver until interrupted: every delivery answered 204 when a secret of
+    the file verifies it (401 otherwise), and a JSON line for each on stdout."""
+    from relayd.config.sections import parse_listen  # noqa: PLC0415
+    from relayd.sinks.webhook.signing import SecretsError, parse_secrets  # noqa: PLC0415
+
+    try:
+        host, port = parse_listen(args.listen)
+    except ValueError as exc:
+        raise ConfigError("--listen", str(exc)) from None
+    try:
+        text = Path(args.secret_file).read_text(encoding="utf-8")
+        parse_secrets(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("--secret-file", f"cannot read {args.secret_file}: {exc}") from None
+    except SecretsError as exc:
+        raise ConfigError("--secret-file", f"{args.secret_file} {exc}") from None
+    try:
+        import standardwebhooks  # noqa: F401, PLC0415 - the independent verifier
+    except ImportError:
+        raise ConfigError(
+            "receiver", "needs the standardwebhooks package: pip install 'relayd[demo]'"
+        ) from None
+    secrets = [line.strip() for line in text.splitlines() if line.strip().startswith("whsec_")]
+    asyncio.run(_receive(host, port, secrets))
+    return EXIT_OK
+
+
+async def _receive(host: str, port: int, secrets: list[str]) -> None:
+    from relayd.testing.webhook_receiver import receiving  # noqa: PLC0415
+
+    def announce(line: dict[str, Any]) -> None:
+        print(json.dumps(line), flush=True)  # noqa: T201 - the command's output
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with receiving(secrets, port=port, host=host, announce=announce) as receiver:
+        print(f"webhook-receiver listening on {receiver.url}", file=sys.stderr, flush=True)  # noqa: T201
+        await stop.wait()

@@ -70,6 +70,8 @@ class Receiver:
     seen: Counter[str] = field(default_factory=Counter)
     refused: list[str] = field(default_factory=list)
     url: str = ""
+    # Told of every delivery as it is answered: a line for `relayd receiver` to print.
+    announce: Callable[[dict[str, Any]], None] | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def endpoint(self, path: str = "hooks") -> str:
@@ -102,6 +104,8 @@ class Receiver:
         try:
             if parsed is None:
                 self.refused.append(headers.get("webhook-id", "?"))
+                if self.announce is not None:
+                    self.announce({"refused": headers.get("webhook-id", "?"), "status": 401})
                 return web.Response(status=401, text="signature refused")
             webhook_id = headers["webhook-id"]
             path = request.match_info["path"]
@@ -112,6 +116,10 @@ class Receiver:
                 self.stored[webhook_id] = Delivery(
                     path, webhook_id, int(headers["webhook-timestamp"]), parsed, headers
                 )
+                if self.announce is not None:
+                    self.announce(
+                        {"verified": webhook_id, "path": path, "type": parsed.get("type")}
+                    )
             if fault.delay_s:
                 await asyncio.sleep(fault.delay_s)
             if fault.drop:
@@ -125,19 +133,24 @@ class Receiver:
 
 @contextlib.asynccontextmanager
 async def receiving(
-    secrets: Sequence[str], script: Script | None = None, *, port: int | None = None
+    secrets: Sequence[str],
+    script: Script | None = None,
+    *,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    announce: Callable[[dict[str, Any]], None] | None = None,
 ) -> AsyncIterator[Receiver]:
-    """A receiver listening on 127.0.0.1 (`port`, or a free one) while the block runs;
+    """A receiver listening on `host` (`port`, or a free one) while the block runs;
     deliveries go to `receiver.endpoint(path)`."""
-    receiver = Receiver(list(secrets), script)
+    receiver = Receiver(list(secrets), script, announce=announce)
     app = web.Application(client_max_size=4 * 1024 * 1024)
     app.router.add_post("/{path}", receiver.handle)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     port = port or free_port()
     try:
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        receiver.url = f"http://127.0.0.1:{port}"
+        await web.TCPSite(runner, host, port).start()
+        receiver.url = f"http://{host}:{port}"
         yield receiver
     finally:
         await runner.cleanup()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.support import Database, run_relayd_blocking, secret_dsn
@@ -96,3 +98,27 @@ def test_run_refuses_a_bad_setting_in_one_line(
     assert result.returncode == 2
     assert result.stderr == f"relayd: config error: {line}\n"
     assert "hunter2" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (None, "cannot read"),
+        ("not-a-secret\n", "line 1 does not start with whsec_"),
+        ("# only a comment\n", "holds no whsec_ line"),
+    ],
+)
+def test_receiver_names_a_bad_secret_file(
+    cli_env: dict[str, str], tmp_path: Path, text: str | None, says: str
+) -> None:
+    """`relayd receiver` with a missing or malformed secret file: exit 2, one line naming
+    --secret-file and what is wrong, and never the file's content."""
+    secret = tmp_path / "whsec.txt"
+    if text is not None:
+        secret.write_text(text)
+    result = run_relayd_blocking("receiver", "--secret-file", str(secret), env=cli_env)
+    assert result.returncode == 2
+    [line] = result.stderr.splitlines()
+    assert line.startswith("relayd: config error: --secret-file: ")
+    assert says in line
+    assert "not-a-secret" not in line

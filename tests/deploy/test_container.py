@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from relayd.sinks.registry import kinds
 from tests.deploy import pins
 from tests.deploy.dockerfile import directives, env_of, final, stages
 
@@ -34,6 +35,8 @@ def test_runtime_dependencies_are_installed_under_the_pinned_constraints() -> No
     assert ".whl" in install
     # Every destination's client and the OpenTelemetry exporter (the pinned extras).
     assert f"[{','.join(pins.IMAGE_EXTRAS)}]" in install
+    clients = {settings.extra for settings in kinds().values() if settings.extra is not None}
+    assert set(pins.IMAGE_EXTRAS) == clients | {"otel"}
 
 
 def test_base_image_python_is_the_one_the_constraints_were_made_with() -> None:

@@ -1,5 +1,8 @@
-"""deploy/kubernetes: the manifests parse, validate against Kubernetes' own schemas, and hold
-the properties relayd needs (probes, a locked-down pod, a grace period above the drain)."""
+"""deploy/kubernetes: a base (the Deployment, its disruption budget, the PodMonitor) and one
+directory per destination adding its ConfigMap. The manifests parse, validate against
+Kubernetes' own schemas, and hold the properties relayd needs (probes, a locked-down pod, a
+grace period above the drain, secret files where each destination's configuration names
+them)."""
 
 from __future__ import annotations
 
@@ -12,11 +15,15 @@ import pytest
 import yaml
 
 from relayd.settings import load_settings
+from relayd.sinks.registry import kinds
 from tests.deploy.conftest import DEPLOY
 from tests.deploy.dockerfile import final
 from tests.support import clear_relayd_env
 
 MANIFESTS = DEPLOY / "kubernetes"
+BASE = MANIFESTS / "base"
+# One directory per destination: the kinds of the sink registry.
+DESTINATIONS = sorted(kinds())
 # relayd/daemon/lifecycle.py: settling after the grace period takes at most this.
 SETTLE_BOUND_S = 10
 # Kinds whose schema ships with Kubernetes; the PodMonitor is a CRD of the Prometheus
@@ -24,14 +31,24 @@ SETTLE_BOUND_S = 10
 BUILT_IN = {"ConfigMap", "Deployment", "PodDisruptionBudget"}
 
 
-def _documents() -> dict[str, dict[str, Any]]:
-    """Every manifest by kind (one object of each kind)."""
+def _load(directory: Path) -> dict[str, dict[str, Any]]:
+    """The manifests of one directory by kind (one object of each kind)."""
     found: dict[str, dict[str, Any]] = {}
-    for path in sorted(MANIFESTS.glob("*.yaml")):
+    for path in sorted(directory.glob("*.yaml")):
         for document in yaml.safe_load_all(path.read_text()):
             assert document["kind"] not in found, f"two {document['kind']}s"
             found[document["kind"]] = document
     return found
+
+
+def _documents(destination: str = "ojs") -> dict[str, dict[str, Any]]:
+    """What `kubectl apply -k deploy/kubernetes/<destination>` applies, by kind (its own
+    Kustomization's)."""
+    overlay = _load(MANIFESTS / destination)
+    base = _load(BASE)
+    del base["Kustomization"]
+    assert not overlay.keys() & base.keys() - {"Kustomization"}
+    return base | overlay
 
 
 def _deployment() -> dict[str, Any]:
@@ -49,24 +66,30 @@ def _container() -> dict[str, Any]:
     return container
 
 
-def _config_toml() -> dict[str, Any]:
-    return tomllib.loads(_documents()["ConfigMap"]["data"]["config.toml"])
+def _config_toml(destination: str = "ojs") -> dict[str, Any]:
+    return tomllib.loads(_documents(destination)["ConfigMap"]["data"]["config.toml"])
 
 
-def test_manifests_parse_and_kustomization_lists_them() -> None:
-    """Each file is YAML; kustomization.yaml names every other one."""
-    kinds = _documents()
-    assert set(kinds) == BUILT_IN | {"PodMonitor", "Kustomization"}
-    listed = set(kinds["Kustomization"]["resources"])
-    files = {p.name for p in MANIFESTS.glob("*.yaml")} - {"kustomization.yaml"}
-    assert listed == files
+def test_base_and_destinations_parse_and_their_kustomizations_list_them() -> None:
+    """Each file is YAML; the base's kustomization.yaml names its other files; each
+    destination's names the base and its own ConfigMap; every directory is one of those."""
+    base = _load(BASE)
+    assert set(base) == {"Deployment", "PodDisruptionBudget", "PodMonitor", "Kustomization"}
+    files = {p.name for p in BASE.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(base["Kustomization"]["resources"]) == files
+    assert {p.name for p in MANIFESTS.iterdir()} == {"base", *DESTINATIONS}
+    for destination in DESTINATIONS:
+        documents = _documents(destination)
+        assert set(documents) == BUILT_IN | {"PodMonitor", "Kustomization"}
+        assert documents["Kustomization"]["resources"] == ["../base", "configmap.yaml"]
 
 
+@pytest.mark.parametrize("destination", DESTINATIONS)
 @pytest.mark.parametrize("kind", sorted(BUILT_IN))
-def test_manifest_matches_the_kubernetes_schema(kind: str) -> None:
+def test_manifest_matches_the_kubernetes_schema(kind: str, destination: str) -> None:
     """Strict validation against the schemas kubernetes-validate ships (no network)."""
     version = kubernetes_validate.latest_version()
-    kubernetes_validate.validate(_documents()[kind], version, strict=True)
+    kubernetes_validate.validate(_documents(destination)[kind], version, strict=True)
 
 
 def test_two_replicas_with_health_and_readiness_probes() -> None:
@@ -112,30 +135,56 @@ def test_termination_grace_outlasts_the_drain() -> None:
     assert _pod()["terminationGracePeriodSeconds"] > grace + SETTLE_BOUND_S
 
 
+@pytest.mark.parametrize("destination", DESTINATIONS)
 def test_secrets_are_files_of_a_secret_named_by_the_config(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    destination: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """database.dsn_file and sink.token_file are files of the mounted Secret, and the
-    ConfigMap's config.toml is a valid relayd configuration."""
-    config = _config_toml()
+    """Every *_file key of a destination's config.toml is a file of the mounted Secret (or
+    the ConfigMap), its kustomization.yaml says how to create each, and the config.toml is
+    a valid relayd configuration of that kind."""
+    documents = _documents(destination)
+    config = _config_toml(destination)
     mounts = {m["name"]: m["mountPath"] for m in _container()["volumeMounts"]}
     volumes = {v["name"]: v for v in _pod()["volumes"]}
-    secret = volumes["secrets"]["secret"]
-    files = {f"{mounts['secrets']}/{item['path']}" for item in secret["items"]}
-    assert config["database"]["dsn_file"] in files
-    assert config["sink"]["token_file"] in files
-    assert volumes["config"]["configMap"]["name"] == _documents()["ConfigMap"]["metadata"]["name"]
+    assert volumes["secrets"]["secret"]["secretName"] == "relayd"
+    assert volumes["config"]["configMap"]["name"] == documents["ConfigMap"]["metadata"]["name"]
     assert mounts["config"] == "/etc/relayd"
-    # The file as relayd reads it, with the secret files standing in the test directory.
-    (tmp_path / "dsn").write_text("postgresql://relayd@db:5432/app")
-    (tmp_path / "token").write_text("t0ken")
-    text = _documents()["ConfigMap"]["data"]["config.toml"]
-    text = text.replace(config["database"]["dsn_file"], str(tmp_path / "dsn"))
-    text = text.replace(config["sink"]["token_file"], str(tmp_path / "token"))
+    files = {
+        (section, key): value
+        for section, values in config.items()
+        for key, value in values.items()
+        if key.endswith("_file")
+    }
+    assert ("database", "dsn_file") in files
+    assert config["sink"]["kind"] == destination
+    howto = (MANIFESTS / destination / "kustomization.yaml").read_text()
+    text = documents["ConfigMap"]["data"]["config.toml"]
+    for number, path in enumerate(files.values()):
+        directory, _, name = path.rpartition("/")
+        assert directory == mounts["secrets"], path
+        assert f"--from-file={name}=" in howto, f"{destination}: how to create {name}"
+        # The file as relayd reads it, standing in the test directory.
+        stand_in = tmp_path / name
+        stand_in.write_text(_SECRET_TEXT.get(name, f"secret-{number}"))
+        text = text.replace(path, str(stand_in))
     (tmp_path / "config.toml").write_text(text)
     clear_relayd_env(monkeypatch)
     settings = load_settings(tmp_path / "config.toml")
-    assert settings.sink.target.startswith("http")
+    assert settings.sink.kind == destination
+
+
+# What each secret file must look like to load (a DSN, a webhook secret, a creds file).
+_SECRET_TEXT = {
+    "database-dsn": "postgresql://relayd@db:5432/app",
+    "webhook-secret": "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n",
+    "nats.creds": (
+        "-----BEGIN NATS USER JWT-----\neyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5In0.e30.c2ln\n"
+        "------END NATS USER JWT------\n\n"
+        "-----BEGIN USER NKEY SEED-----\n"
+        "SUAGMJH5XLGZKQQWAWKRZJIGMOU4HPFUYLXJMXOO5NLFEO2OOQJ5LPRDPM\n"
+        "------END USER NKEY SEED------\n"
+    ),
+}
 
 
 def test_pod_monitor_scrapes_the_pods_as_job_relayd() -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from relayd.settings import CREDENTIALS
+from relayd.sinks.registry import kinds
 from relayd.testing.emulator import RunningEmulator
 from tests.deploy.conftest import DEPLOY
 from tests.support import Database, relayd_argv, run_relayd_blocking
@@ -116,12 +118,17 @@ def test_unit_is_notify_with_watchdog_and_long_enough_stop() -> None:
 
 
 def test_unit_credentials_are_optional_names_not_paths() -> None:
-    """Credentials are loaded by name (systemd starts the unit without a missing one) under
-    the names relayd looks up in $CREDENTIALS_DIRECTORY."""
+    """Credentials are loaded by name (systemd starts the unit without a missing one): every
+    name relayd looks up in $CREDENTIALS_DIRECTORY, for the database and for each kind of
+    sink in the registry, and no other."""
     loaded = [
         v for s, k, v in unit_settings() if k in ("LoadCredential", "LoadCredentialEncrypted")
     ]
-    assert sorted(loaded) == ["database-dsn", "ojs-token"]
+    read = {name for name, *_keys in CREDENTIALS.values()} | {
+        name for settings in kinds().values() for name, *_keys in settings.credentials.values()
+    }
+    assert sorted(loaded) == sorted(read)
+    assert len(loaded) == len(set(loaded))
     # No config path pointing into /run/credentials/<unit name>: a renamed unit must work.
     assert "/run/credentials" not in unit_value("ExecStart")
 

@@ -1,9 +1,8 @@
 """`[sink] kind = "nats"`: its keys, their one-line errors naming the key, credentials read
-from files (one method at most), and the example configuration's commented NATS section."""
+from files (one method at most), and the kind's example configuration."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +11,11 @@ import pytest
 
 from relayd.core.errors import ConfigError
 from relayd.settings import Settings, load_settings
-from relayd.sinks import SinkSettings
 from relayd.sinks.nats.settings import NatsSettings
 from relayd.sinks.registry import kinds
 
 ROOT = Path(__file__).resolve().parents[4]
-EXAMPLE = ROOT / "config.example.toml"
+EXAMPLE = ROOT / "examples" / "nats.toml"
 SEED = "SUAGMJH5XLGZKQQWAWKRZJIGMOU4HPFUYLXJMXOO5NLFEO2OOQJ5LPRDPM"
 BASE = "[sink]\nkind = 'nats'\nservers = ['nats://127.0.0.1:4222']\nstream = 'EVENTS'\n"
 ROUTE = "[[sink.routes]]\ntype = 'order.updated'\nsubject = 'events.orders'\n"
@@ -215,36 +213,32 @@ def test_what_run_requires_is_named_when_the_sink_is_built(tmp_path: Path) -> No
         sink.build(_NoHealth())
 
 
-def test_the_example_documents_the_nats_keys_and_its_section_loads(tmp_path: Path) -> None:
-    """config.example.toml's commented `kind = "nats"` section names every key of the kind
-    and, uncommented (with files for the credential it shows), loads."""
+def test_the_example_documents_every_nats_key_and_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """examples/nats.toml sets or shows (commented) every key of the kind, and loads: as
+    it is, and with the credential method it shows commented (user and password file)."""
     text = EXAMPLE.read_text()
-    start = text.index('# --- kind = "nats" ---')
-    section = text[start : text.index("\n[relay]", start)]
-    shared = SinkSettings.model_fields  # documented above, for every kind
-    for key in kinds()["nats"].model_fields.keys() - shared.keys():
-        shown = "# [[sink.routes]]" if key == "routes" else f"# {key} = "
-        assert shown in section, f"sink.{key} is not in the example's NATS section"
-    secrets = {
-        "password_file": _secret(tmp_path, "password", "p"),
-        "ca_file": _secret(tmp_path, "ca.pem", "not read until connecting"),
-    }
-    lines = ["[sink]", "kind = 'nats'"]
-    for line in section.splitlines():
-        match = re.match(r"^# (\[\[sink\.routes\]\]|[a-z_]+ = .*)$", line)
-        if match is None:
-            continue
-        key = match.group(1).split(" = ")[0]
-        if key in ("token_file", "nkey_seed_file", "creds_file"):
-            continue  # one method at most: the example's user and password_file
-        lines.append(f"{key} = '{secrets[key]}'" if key in secrets else match.group(1))
-    sink = _load(tmp_path, "\n".join(lines) + "\n")
+    for key in kinds()["nats"].model_fields.keys() - {"kind"}:
+        assert f"\n{key} = " in text or f"# {key} = " in text or key == "routes", (
+            f"sink.{key} is not in examples/nats.toml"
+        )
+    dsn = _secret(tmp_path, "dsn", "postgresql://relayd@localhost/app")
+    monkeypatch.setenv("RELAYD_DATABASE__DSN_FILE", str(dsn))
+    sink = load_settings(EXAMPLE).sink
+    assert isinstance(sink, NatsSettings)
     assert sink.stream == "EVENTS"
     assert [route.subject for route in sink.routes] == [
         "events.orders",
         "events.orders.v2",
         "events.payments.{id}",
     ]
+    password = _secret(tmp_path, "password", "p")
+    authenticated = text.replace("# user = ", "user = ").replace(
+        '# password_file = "/var/run/secrets/relayd/nats-password"',
+        f"password_file = '{password}'",
+    )
+    sink = _load(tmp_path, authenticated)
     assert sink.user == "relayd"
 
 

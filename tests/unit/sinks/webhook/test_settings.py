@@ -13,7 +13,6 @@ import pytest
 
 from relayd.core.errors import ConfigError
 from relayd.settings import load_producer_sections, load_settings
-from relayd.sinks import SinkSettings
 from relayd.sinks.registry import kinds
 from relayd.sinks.webhook.settings import WebhookSettings
 
@@ -170,30 +169,29 @@ class _Health:
         pass
 
 
-def test_the_example_documents_the_webhook_keys_and_its_section_loads(tmp_path: Path) -> None:
-    """config.example.toml's commented `kind = "webhook"` section names every key of the
-    kind and, uncommented (with a secret file), loads."""
-    text = (ROOT / "config.example.toml").read_text()
-    start = text.index('# --- kind = "webhook" ---')
-    section = text[start : text.index('# --- kind = "nats" ---', start)]
-    for key in WebhookSettings.model_fields.keys() - SinkSettings.model_fields.keys():
-        shown = "# [[sink.routes]]" if key == "routes" else f"# {key} = "
-        assert shown in section, f"sink.{key} is not in the example's webhook section"
+def test_the_example_documents_every_webhook_key_and_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """examples/webhook.toml sets or shows (commented) every key of the kind, and loads
+    (with its secret file and the CA bundle it shows commented)."""
+    example = ROOT / "examples" / "webhook.toml"
+    text = example.read_text()
+    for key in WebhookSettings.model_fields.keys() - {"kind", "routes"}:
+        assert f"\n{key} = " in text or f"# {key} = " in text, (
+            f"sink.{key} is not in examples/webhook.toml"
+        )
+    (tmp_path / "dsn").write_text("postgresql://relayd@localhost/app")
     (tmp_path / "whsec").write_text(SECRET + "\n")
     (tmp_path / "ca.pem").write_text("not read until connecting")
-    lines = ["[sink]", "kind = 'webhook'"]
-    for line in section.splitlines():
-        if line.startswith("# secret_file = "):
-            lines.append(f"secret_file = '{tmp_path / 'whsec'}'")
-        elif line.startswith("# ca_file = "):
-            lines.append(f"ca_file = '{tmp_path / 'ca.pem'}'")
-        elif line.startswith(("# [[sink.routes]]", "# type = ", "# url = ", "# connect_")):
-            lines.append(line.removeprefix("# "))
+    monkeypatch.setenv("RELAYD_DATABASE__DSN_FILE", str(tmp_path / "dsn"))
+    monkeypatch.setenv("RELAYD_SINK__SECRET_FILE", str(tmp_path / "whsec"))
     path = tmp_path / "relayd.toml"
-    path.write_text("\n".join(lines) + "\n")
+    ca_file = f"ca_file = '{tmp_path / 'ca.pem'}'"
+    path.write_text(text.replace('# ca_file = "/etc/relayd/webhook-ca.pem"', ca_file))
     sink = load_settings(path).sink
     assert isinstance(sink, WebhookSettings)
     assert sink.endpoints == {"order.paid": "https://billing.example/hooks/orders"}
+    assert sink.ca_file is not None
 
 
 def test_a_producer_loads_the_sink_without_its_secret(tmp_path: Path) -> None:
