@@ -311,7 +311,7 @@ async def _keep_running(
         ("dead letters", f"relayd dlq list {with_config}"),
         ("one of them", f"relayd dlq show EVENT_ID {with_config}"),
         ("the outbox", f"relayd status {with_config}"),
-        ("redrive", f"relayd dlq retry --all --reason {reason} {with_config}"),
+        ("redrive", f"relayd dlq retry --all --dead-reason {reason} {with_config}"),
         ("publish them", f"relayd run {with_config}"),
     ]:
         print(f"  {label:<14}{line}")
