@@ -214,7 +214,7 @@ def _add_config_commands(commands: Commands, common: argparse.ArgumentParser) ->
 
 
 def _config_show(args: argparse.Namespace) -> int:
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
     data = settings.redacted()
     source = describe_config_source(args.config)
     if args.json:

@@ -73,7 +73,7 @@ def list_command(args: argparse.Namespace) -> int:
         raise BadInput("--reason: dlq list records nothing; filter with --dead-reason REASON")
     wanted = filter_args(args)
     limit = parse_count(args.limit, "--limit", DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
 
     async def fetch() -> list[DeadLetterRow]:
         async with command_store(settings) as store:
@@ -95,7 +95,7 @@ def list_command(args: argparse.Namespace) -> int:
 def show_command(args: argparse.Namespace) -> int:
     """`relayd dlq show ID`: one dead letter, its envelope pretty-printed."""
     [event_id] = parse_ids([args.id])
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
 
     async def fetch() -> DeadLetterRow | None:
         async with command_store(settings) as store:
@@ -163,7 +163,7 @@ def _action_command(
         reason=reason,
         keep_all_ids=bool(ids),
     )
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
     progress = Progress(name, sys.stderr) if sys.stderr.isatty() else None
 
     async def run() -> ActionSummary:

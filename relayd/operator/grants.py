@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 def grants_command(args: argparse.Namespace) -> int:
     """`relayd grants --role ROLE [--to NAME] [--json]`."""
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
     role = Role(args.role)
     try:
         script = grant_script(
