@@ -17,7 +17,7 @@ import select
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from relayd.core import __version__
 from relayd.core.errors import (
@@ -48,6 +48,7 @@ from relayd.operator.command import Handler, fail
 from relayd.settings import describe_config_source, example_config, load_settings, to_toml
 from relayd.sinks import registry
 from relayd.store.privileges import Role, hint
+from relayd.telemetry.logs import configure_logging
 from relayd.testing import command as emulator_command
 
 if TYPE_CHECKING:
@@ -55,6 +56,10 @@ if TYPE_CHECKING:
 
 # What a shell reports for a process killed by SIGPIPE.
 EXIT_READER_GONE = 128 + signal.SIGPIPE
+# How much every command but `relayd run` (which logs as `[log]` says) logs, on stderr: what
+# went wrong on the way (a sink refusing a connection, a pool retrying), not the progress
+# of a command whose output is its report.
+COMMAND_LOG_LEVEL: Final = "warning"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,6 +80,9 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
+    if args.command != "run":
+        # Without this, structlog prints to stdout, ahead of a report or its JSON.
+        configure_logging(COMMAND_LOG_LEVEL)
     try:
         return handler(args)
     except ConfigError as exc:
