@@ -235,6 +235,24 @@ def test_meta_holds_no_trace_without_a_span() -> None:
     assert set(event.meta) == {META_VERSION, META_OCCURRED_AT}
 
 
+def test_a_plain_job_carries_the_active_span_as_an_event_does() -> None:
+    """`new_job` under an active span: its meta holds the span's traceparent beside the
+    caller's entries; a traceparent the caller gives is kept; without a span, no meta is
+    added."""
+    tracer = TracerProvider().get_tracer("test")
+    given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with tracer.start_as_current_span("checkout") as span:
+        job = new_job("order.fulfill", [{"order_id": 1}], meta={"correlation_id": "c-1"})
+        event = OrderUpdated.new({"order_id": 1, "status": "paid"})
+        propagated = new_job("order.fulfill", [], meta={"traceparent": given})
+    context = span.get_span_context()
+    expected = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    assert job["meta"] == {"traceparent": expected, "correlation_id": "c-1"}
+    assert job["meta"]["traceparent"] == event.meta["traceparent"]
+    assert propagated["meta"] == {"traceparent": given}
+    assert "meta" not in new_job("order.fulfill", [])
+
+
 def _job(**fields: Any) -> dict[str, Any]:
     job = new_job("order.updated", [{"order_id": 1}], meta={"version": 1})
     job.update(fields)
