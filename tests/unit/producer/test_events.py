@@ -20,6 +20,7 @@ from relayd.core.envelope import META_OCCURRED_AT, META_VERSION, DomainEvent, En
 from relayd.core.errors import ConfigError
 from relayd.producer import (
     AppendError,
+    Event,
     EventIdConflict,
     EventTooLarge,
     InvalidEvent,
@@ -31,6 +32,8 @@ from relayd.producer import (
     uuid7,
 )
 from relayd.sinks.nats.message import NatsMessage, Route, Routes, message_for
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _nested_list(depth: int) -> list[Any]:
@@ -251,6 +254,17 @@ def test_a_plain_job_carries_the_active_span_as_an_event_does() -> None:
     assert job["meta"]["traceparent"] == event.meta["traceparent"]
     assert propagated["meta"] == {"traceparent": given}
     assert "meta" not in new_job("order.fulfill", [])
+
+
+def test_the_docs_list_every_public_attribute_of_an_event() -> None:
+    """docs/producers.md's table of an `Event`'s attributes names each of its fields and
+    properties, and nothing else, so that the two cannot drift."""
+    docs = (ROOT / "docs/producers.md").read_text()
+    table = docs.split("An `Event` (`relayd.producer.Event`", 1)[1].split("\n\n", 2)[1]
+    documented = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
+    fields = [field.name for field in dataclasses.fields(Event)]
+    properties = [name for name, value in vars(Event).items() if isinstance(value, property)]
+    assert documented == fields + properties
 
 
 def _job(**fields: Any) -> dict[str, Any]:
