@@ -254,8 +254,9 @@ def _add_demo_command(commands: Commands, common: argparse.ArgumentParser) -> No
     demo.add_argument(
         "--keep",
         action="store_true",
-        help="then keep PostgreSQL and the destination running, print the configuration for "
-        "`relayd dlq list --config PATH` and the like, and wait for Ctrl-C",
+        help="then keep PostgreSQL and the destination running (for every --sink), print the "
+        "configuration for `relayd status --config PATH`, `relayd dlq list` and the other "
+        "operator commands, and wait for Ctrl-C",
     )
     demo.add_argument(
         "--sink",
