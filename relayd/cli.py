@@ -17,7 +17,7 @@ import select
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from relayd.core import __version__
 from relayd.core.errors import (
@@ -54,6 +54,7 @@ from relayd.settings import (
 )
 from relayd.sinks import registry
 from relayd.store.privileges import Role, hint
+from relayd.telemetry.logs import configure_logging
 from relayd.testing import command as emulator_command
 
 if TYPE_CHECKING:
@@ -61,6 +62,10 @@ if TYPE_CHECKING:
 
 # What a shell reports for a process killed by SIGPIPE.
 EXIT_READER_GONE = 128 + signal.SIGPIPE
+# How much every command but `relayd run` (which logs as `[log]` says) logs, on stderr: what
+# went wrong on the way (a sink refusing a connection, a pool retrying), not the progress
+# of a command whose output is its report.
+COMMAND_LOG_LEVEL: Final = "warning"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,6 +86,9 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler: Handler = args.handler
+    if args.command != "run":
+        # Without this, structlog prints to stdout, ahead of a report or its JSON.
+        configure_logging(COMMAND_LOG_LEVEL)
     try:
         return handler(args)
     except ConfigError as exc:
@@ -226,7 +234,7 @@ def _add_config_commands(commands: Commands, common: argparse.ArgumentParser) ->
 
 
 def _config_show(args: argparse.Namespace) -> int:
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
     data = settings.redacted()
     source = describe_config_source(args.config)
     if args.json:
@@ -258,8 +266,9 @@ def _add_demo_command(commands: Commands, common: argparse.ArgumentParser) -> No
     demo.add_argument(
         "--keep",
         action="store_true",
-        help="then keep PostgreSQL and the destination running, print the configuration for "
-        "`relayd dlq list --config PATH` and the like, and wait for Ctrl-C",
+        help="then keep PostgreSQL and the destination running (for every --sink), print the "
+        "configuration for `relayd status --config PATH`, `relayd dlq list` and the other "
+        "operator commands, and wait for Ctrl-C",
     )
     demo.add_argument(
         "--sink",

@@ -31,7 +31,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from relayd.config.base import KeyedError
+from relayd.config.base import KeyedError, sink_files_unread
 from relayd.config.dsn import redact_dsn
 from relayd.config.sections import (
     CleanupSettings,
@@ -294,8 +294,10 @@ def _toml_value(value: object) -> str:
     return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
-def load_settings(path: str | Path | None = None) -> Settings:
+def load_settings(path: str | Path | None = None, *, sink_files: bool = True) -> Settings:
     """Load, validate and read the secret files; raise `ConfigError` naming the offending key.
+    `sink_files=False`: the sink's files (its credentials, a CA bundle) are not read, for a
+    command that never talks to the sink (the settings then cannot build one).
 
     The environment is read from `os.environ` (pydantic-settings' env source).
     """
@@ -304,7 +306,10 @@ def load_settings(path: str | Path | None = None) -> Settings:
     data = _read_toml(config_path, required=required)
     token = _toml_data.set(data)
     try:
-        return _validate()
+        if sink_files:
+            return _validate()
+        with sink_files_unread():
+            return _validate()
     finally:
         _toml_data.reset(token)
 

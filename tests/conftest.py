@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import asyncpg
 import pytest
+import structlog
 
 from relayd.store import Store
 from relayd.store.migrations import migrate
@@ -47,6 +49,20 @@ async def _drop_database(admin_dsn: str, name: str) -> None:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
         await admin.close()
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """A test may configure logging (`configure_logging`, or `relayd.cli.main` run in this
+    process, which does for every command): structlog and the root logger are put back
+    afterwards, so that no later test logs to a stream that is gone."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    structlog.reset_defaults()
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logging.captureWarnings(False)
 
 
 @pytest.fixture(scope="session")

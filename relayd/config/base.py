@@ -1,11 +1,14 @@
 """What every section of the configuration shares, below `config.py` and the sinks' own
 settings models (`relayd/sinks/`): the strict base model, the error that names a key pydantic
-would not, reading a secret file, and the bound on durations.
+would not, reading a secret file (and whether the sink's are read at all), and the bound on
+durations.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -23,6 +26,30 @@ class Section(BaseModel):
 
     # inf and nan parse as floats (TOML `inf`, env "inf") but are never a usable setting.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# Whether the sink's settings read their files (credentials, a CA bundle) while they are
+# validated. Only the commands that talk to the sink need them (`relayd run`, `relayd
+# check`); the others load the configuration without (`sink_files_unread`), so that an
+# operator's role needs no access to the relay's secrets.
+_SINK_FILES_READ: ContextVar[bool] = ContextVar("relayd_sink_files_read", default=True)
+
+
+def sink_files_read() -> bool:
+    """Whether sink settings validated now read their files (a kind's `_read_files`
+    validator returns at once when not)."""
+    return _SINK_FILES_READ.get()
+
+
+@contextlib.contextmanager
+def sink_files_unread() -> Iterator[None]:
+    """Sink settings validated inside the block read none of their files: their paths are
+    kept, their content is not looked at (and a sink cannot be built from them)."""
+    token = _SINK_FILES_READ.set(False)
+    try:
+        yield
+    finally:
+        _SINK_FILES_READ.reset(token)
 
 
 class KeyedError(ValueError):

@@ -10,7 +10,8 @@ the `relayd[demo]` extra. The skeleton here is the same for every destination:
 4. a progress bar until the outbox is drained, then a summary, and the destination's own
    record checked against the outbox (every published id there exactly once, as sent);
 5. with `--keep`, PostgreSQL and the destination stay up, with a configuration file for the
-   operator commands (`relayd dlq list --config PATH`), until SIGINT or SIGTERM.
+   operator commands (`relayd dlq list --config PATH`), until SIGINT or SIGTERM; without,
+   the commands to try next (`--keep`, then a real server).
 
 The demo plays the application and the operator, so it talks to PostgreSQL directly.
 """
@@ -219,6 +220,11 @@ async def _demo(  # noqa: PLR0913 - the run's choices, each named at the one cal
         print_summary(summary, *demo.verdict())
         if keep:
             await _keep_running(base, dsn, sink, summary, demo.destination)
+        elif not summary.problems:
+            print()
+            print("next")
+            for label, line in next_steps(kind, demo.destination):
+                print(f"  {label:<15}{line}")
     if summary.problems:
         print(f"  logs kept in {base}")
         return 1
@@ -293,6 +299,25 @@ async def relay_through(  # noqa: PLR0913 - the run's parts, each named at the c
     await tally(watch, summary)
 
 
+def next_steps(kind: str, destination: str) -> list[tuple[str, str]]:
+    """What a newcomer runs after a demo of `kind`: the same with `--keep`, to look around
+    with the operator commands, then a real server (label, line)."""
+    demo = "relayd demo" + ("" if kind == registry.DEFAULT_KIND else f" --sink {kind}")
+    return [
+        (
+            "look around",
+            f"{demo} --keep   (PostgreSQL and {destination} stay up for relayd status, "
+            "relayd dlq list and the other operator commands)",
+        ),
+        ("a real server", real_server(kind)),
+    ]
+
+
+def real_server(kind: str) -> str:
+    """Where the quick start against a real server of `kind` is."""
+    return f'the quick start for kind = "{kind}" in README.md'
+
+
 async def _keep_running(
     base: Path, dsn: str, sink: Mapping[str, Any], summary: Summary, destination: str
 ) -> None:
@@ -311,10 +336,11 @@ async def _keep_running(
         ("dead letters", f"relayd dlq list {with_config}"),
         ("one of them", f"relayd dlq show EVENT_ID {with_config}"),
         ("the outbox", f"relayd status {with_config}"),
-        ("redrive", f"relayd dlq retry --all --reason {reason} {with_config}"),
+        ("redrive", f"relayd dlq retry --all --dead-reason {reason} {with_config}"),
         ("publish them", f"relayd run {with_config}"),
+        ("a real server", real_server(str(sink["kind"]))),
     ]:
-        print(f"  {label:<14}{line}")
+        print(f"  {label:<15}{line}")
     sys.stdout.flush()  # a pipe is block-buffered, and the reader waits for these lines
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

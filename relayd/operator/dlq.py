@@ -22,6 +22,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from relayd.core.errors import EXIT_FAILURE, EXIT_OK
+from relayd.core.outcomes import DeadReason
 from relayd.operator.command import (
     BadInput,
     check_text,
@@ -30,6 +31,7 @@ from relayd.operator.command import (
     operator_command,
     parse_count,
     parse_ids,
+    quote,
     resolve_actor,
 )
 from relayd.operator.dlq_actions import (
@@ -59,14 +61,19 @@ if TYPE_CHECKING:
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 10_000
 _MAX_REASON_CHARS = 1000
+_DEAD_REASONS = frozenset(reason.value for reason in DeadReason)
 
 
 @operator_command("dlq list")
 def list_command(args: argparse.Namespace) -> int:
     """`relayd dlq list`: dead letters matching the filters, newest first."""
+    if args.reason is not None:
+        # `--reason` once filtered here; it is now only ever the note an action records,
+        # which a listing has none of: an old script is told the new name, not "unknown".
+        raise BadInput("--reason: dlq list records nothing; filter with --dead-reason REASON")
     wanted = filter_args(args)
     limit = parse_count(args.limit, "--limit", DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
 
     async def fetch() -> list[DeadLetterRow]:
         async with command_store(settings) as store:
@@ -88,7 +95,7 @@ def list_command(args: argparse.Namespace) -> int:
 def show_command(args: argparse.Namespace) -> int:
     """`relayd dlq show ID`: one dead letter, its envelope pretty-printed."""
     [event_id] = parse_ids([args.id])
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
 
     async def fetch() -> DeadLetterRow | None:
         async with command_store(settings) as store:
@@ -113,24 +120,34 @@ def show_command(args: argparse.Namespace) -> int:
 
 @operator_command("dlq retry")
 def retry_command(args: argparse.Namespace) -> int:
-    """`relayd dlq retry (ID... | --all) [filters] [--dry-run]`: redrive dead letters."""
-    return _action_command(args, DlqAction.REDRIVE, "dlq retry", reason=None)
+    """`relayd dlq retry (ID... | --all) [--reason TEXT] [filters] [--dry-run]`: redrive
+    dead letters."""
+    reason = None
+    if args.reason is not None:
+        reason = check_text(args.reason, "--reason", _MAX_REASON_CHARS)
+        if reason in _DEAD_REASONS and args.dead_reason is None:
+            # `--reason max_attempts` selected rows before it became a note: a script
+            # written then would now redrive every dead letter. Refused, naming the filter.
+            raise BadInput(
+                f"--reason: {quote(reason)} names a dead reason, but --reason is the note "
+                f"the retry records; to select those rows, use --dead-reason {reason}"
+            )
+    return _action_command(args, DlqAction.REDRIVE, "dlq retry", reason=reason)
 
 
 @operator_command("dlq discard")
 def discard_command(args: argparse.Namespace) -> int:
     """`relayd dlq discard (ID... | --all) --reason TEXT [filters] [--dry-run]`."""
-    if args.discard_reason is None:
+    if args.reason is None:
         raise BadInput("--reason: required: say why these rows are discarded")
-    reason = check_text(args.discard_reason, "--reason", _MAX_REASON_CHARS)
+    reason = check_text(args.reason, "--reason", _MAX_REASON_CHARS)
     return _action_command(args, DlqAction.DISCARD, "dlq discard", reason=reason)
 
 
 def _action_command(
     args: argparse.Namespace, action: DlqAction, name: str, *, reason: str | None
 ) -> int:
-    # `dlq discard --reason` is the discard's own reason; there the filter is --dead-reason.
-    wanted = filter_args(args, "--reason" if reason is None else "--dead-reason")
+    wanted = filter_args(args)
     ids = parse_ids(args.ids)
     if ids and args.all:
         raise BadInput("give IDs or --all, not both")
@@ -146,7 +163,7 @@ def _action_command(
         reason=reason,
         keep_all_ids=bool(ids),
     )
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
     progress = Progress(name, sys.stderr) if sys.stderr.isatty() else None
 
     async def run() -> ActionSummary:
@@ -190,9 +207,7 @@ def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
     dlq_list = dlq_commands.add_parser(
         "list", parents=[common, filters], help="dead letters, newest first"
     )
-    dlq_list.add_argument(
-        "--reason", "--dead-reason", dest="dead_reason", metavar="REASON", help="dead_reason"
-    )
+    dlq_list.add_argument("--reason", help=argparse.SUPPRESS)  # the old filter: said so
     dlq_list.add_argument("--limit", metavar="N", help="at most N rows (50)")
     dlq_list.add_argument(
         "--include-discarded", action="store_true", help="also rows discarded already"
@@ -211,7 +226,7 @@ def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
         help="redrive dead letters: pending again, reconciled with a GET before any POST",
     )
     dlq_retry.add_argument(
-        "--reason", "--dead-reason", dest="dead_reason", metavar="REASON", help="dead_reason"
+        "--reason", metavar="TEXT", help="why (optional; audited, as every action's --reason)"
     )
     dlq_retry.set_defaults(handler=retry_command)
     dlq_discard = dlq_commands.add_parser(
@@ -219,8 +234,5 @@ def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
         parents=[common, filters, acting],
         help="mark dead letters as discarded (kept, out of the dead-letter queue)",
     )
-    dlq_discard.add_argument(
-        "--reason", dest="discard_reason", metavar="TEXT", help="why (required; audited)"
-    )
-    dlq_discard.add_argument("--dead-reason", metavar="REASON", help="filter on dead_reason")
+    dlq_discard.add_argument("--reason", metavar="TEXT", help="why (required; audited)")
     dlq_discard.set_defaults(handler=discard_command)

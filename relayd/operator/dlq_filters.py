@@ -68,12 +68,17 @@ def parse_when(text: str, option: str) -> When:
 
 def filter_options() -> argparse.ArgumentParser:
     """The filter options of `dlq list`, `dlq retry` and `dlq discard`, as a parent parser
-    (`--reason` is each command's own: `dlq discard --reason` is the discard's reason)."""
+    (`--reason` is not one of them: it is the note an action records in the audit trail)."""
     options = argparse.ArgumentParser(add_help=False)
     options.add_argument(
         "--queue", help="the effective queue: options.queue, else queue, else default"
     )
     options.add_argument("--type", help="the job's type")
+    options.add_argument(
+        "--dead-reason",
+        metavar="REASON",
+        help=f"why the row was dead-lettered: {', '.join(r.value for r in DeadReason)}",
+    )
     options.add_argument(
         "--since",
         metavar="WHEN",
@@ -117,14 +122,12 @@ class FilterArgs:
         )
 
 
-def filter_args(args: argparse.Namespace, reason_option: str = "--reason") -> FilterArgs:
+def filter_args(args: argparse.Namespace) -> FilterArgs:
     """The filter options of `dlq list`, `dlq retry` and `dlq discard`, checked."""
     reason = args.dead_reason
     known = [r.value for r in DeadReason]
     if reason is not None and reason not in known:
-        raise BadInput(
-            f"{reason_option}: {quote(reason)} is not a dead reason ({', '.join(known)})"
-        )
+        raise BadInput(f"--dead-reason: {quote(reason)} is not a dead reason ({', '.join(known)})")
     return FilterArgs(
         queue=_optional_text(args.queue, "--queue"),
         type=_optional_text(args.type, "--type"),

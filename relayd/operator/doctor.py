@@ -96,7 +96,7 @@ class Diagnosis:
 
 def doctor_command(args: argparse.Namespace) -> int:
     """`relayd doctor [--json]`: exit 1 only for a `fail` finding."""
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
 
     async def examine() -> Diagnosis:
         async with command_store(settings, needs=Needs.NOTHING) as store:

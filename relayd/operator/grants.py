@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 def grants_command(args: argparse.Namespace) -> int:
     """`relayd grants --role ROLE [--to NAME] [--json]`."""
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
     role = Role(args.role)
     try:
         script = grant_script(
@@ -47,13 +47,14 @@ def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
         "--role",
         required=True,
         choices=[role.value for role in Role],
-        help="relay (relayd run), operator (status, dlq, pause, resume, doctor) or migrator "
-        "(relayd migrate)",
+        help="relay (relayd run), operator (status, dlq, held, pause, resume, doctor), "
+        "migrator (relayd migrate) or producer (an application's appends: relayd.producer)",
     )
     grants.add_argument(
         "--to",
         metavar="ROLE",
-        help="the database role to grant to (default: relayd, relayd_operator, relayd_migrator)",
+        help="the database role to grant to (default: relayd, relayd_operator, "
+        "relayd_migrator, relayd_producer)",
     )
     grants.add_argument("--json", action="store_true", help="machine-readable output")
     grants.set_defaults(handler=grants_command)

@@ -27,7 +27,7 @@ _WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # noqa: S10
 def healthcheck_command(args: argparse.Namespace) -> int:
     """`relayd healthcheck [--timeout SECONDS]`: one line; exit 0 if healthy, else 1."""
     try:
-        healthy, said = probe(load_settings(args.config), args.timeout)
+        healthy, said = probe(load_settings(args.config, sink_files=False), args.timeout)
     except ConfigError as exc:  # exit 1, not 2: a container runtime reserves 2
         healthy, said = False, f"config error: {exc}"
     if healthy:

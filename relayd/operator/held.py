@@ -61,7 +61,7 @@ def list_command(args: argparse.Namespace) -> int:
     order the claim would take them once resumed."""
     filters = _filters(args)
     limit = parse_count(args.limit, "--limit", DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT)
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
 
     async def fetch() -> list[HeldRow]:
         async with command_store(settings) as store:
@@ -100,7 +100,7 @@ def discard_command(args: argparse.Namespace) -> int:
         reason=reason,
         keep_all_ids=bool(ids),
     )
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
     progress = Progress("held discard", sys.stderr) if sys.stderr.isatty() else None
     summary = ActionSummary(DlqAction.DISCARD_HELD, args.dry_run, selection)
 

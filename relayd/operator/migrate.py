@@ -21,7 +21,7 @@ def migrate_command(args: argparse.Namespace) -> int:
     """`relayd migrate [--json]`."""
     from relayd.store.migrations import connect_and_migrate  # noqa: PLC0415 - asyncpg only when migrating
 
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
 
     async def apply() -> dict[str, Any]:
         report = await connect_and_migrate(

@@ -77,7 +77,7 @@ def pause_command(args: argparse.Namespace) -> int:
         raise BadInput("--reason: required: say why, for the audit trail and the other operators")
     reason = check_text(args.reason, "--reason", _MAX_REASON_CHARS)
     actor = resolve_actor(args.actor)
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
 
     async def pause() -> tuple[bool, list[Pause], QueueUse | None]:
         async with command_store(settings) as store:
@@ -120,7 +120,7 @@ def resume_command(args: argparse.Namespace) -> int:
     queue, job_type = queue_arg(args.queue), type_arg(args.type)
     reason = None if args.reason is None else check_text(args.reason, "--reason", _MAX_REASON_CHARS)
     actor = resolve_actor(args.actor)
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
 
     async def resume() -> tuple[Pause | None, list[Pause]]:
         async with command_store(settings) as store:

@@ -41,7 +41,7 @@ STALE_INTERVALS = 3
 
 def status_command(args: argparse.Namespace) -> int:
     """`relayd status [--json]`: read-only, from one snapshot."""
-    settings = load_settings(args.config)
+    settings = load_settings(args.config, sink_files=False)
 
     async def read() -> StatusReport:
         async with command_store(settings, needs=Needs.CURRENT) as store:

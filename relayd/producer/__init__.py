@@ -434,10 +434,13 @@ def new_job(
     options: dict[str, Any] | None = None,
     job_id: str | None = None,
 ) -> dict[str, Any]:
-    """An OJS enqueue request with a fresh UUIDv7; routing goes under `options` (OJS binding)."""
+    """An OJS enqueue request with a fresh UUIDv7; routing goes under `options` (OJS binding).
+    The active OpenTelemetry span's W3C trace context, if any, goes into `meta` now, as
+    `EventType.new` does; a `traceparent` or `tracestate` given in `meta` is kept instead."""
     job: dict[str, Any] = {"id": job_id or uuid7(), "type": job_type, "args": args}
-    if meta:
-        job["meta"] = meta
+    merged_meta = {**trace_context.producer_meta(), **(meta or {})}
+    if merged_meta:
+        job["meta"] = merged_meta
     merged = dict(options or {})
     if queue is not None:
         merged["queue"] = queue

@@ -30,7 +30,7 @@ from typing import Annotated, ClassVar, Protocol, TypeVar
 
 from pydantic import AfterValidator, Field, PrivateAttr
 
-from relayd.config.base import MAX_DURATION_S, Section
+from relayd.config.base import MAX_DURATION_S, Section, sink_files_read
 from relayd.core.envelope import TYPE_PATTERN, Envelope, too_large
 from relayd.core.errors import ConfigError
 from relayd.core.outcomes import DeadLetter, Outcome, Published, SinkDown
@@ -196,7 +196,13 @@ class SinkSettings(Section):
     # The keys only the sink's connection reads (credentials, a CA bundle): a producer that
     # loads the configuration for its bounds and routes drops them unread
     # (`relayd.settings.load_producer_sections`), since it neither has nor needs the secrets.
+    # A kind reads the files they name in a validator that does nothing unless
+    # `relayd.config.base.sink_files_read()`: the operator commands keep the paths unread.
     connection_keys: ClassVar[frozenset[str]] = frozenset()
+
+    # Whether the files were read when these settings were validated: settings loaded for an
+    # operator command (`relayd.settings.load_settings(sink_files=False)`) cannot build a sink.
+    _files_read: bool = PrivateAttr(default_factory=sink_files_read)
 
     # The longest time from a row's first attempt to its last, from the retry and relay
     # settings (set by the whole configuration; None for a sink built alone). A sink whose
@@ -240,6 +246,11 @@ class SinkSettings(Section):
         """The sink these settings describe, reporting to `health` and `observe`;
         `relayd.core.errors.ConfigError` naming the key when a setting it needs is missing,
         or naming the extra when the kind's client library is not installed."""
+        if not self._files_read:
+            raise RuntimeError(
+                "sink settings loaded without their files (for an operator command) cannot "
+                "build a sink: load them with relayd.settings.load_settings(path)"
+            )
         self.require_client()
         module, _, name = self.sink_class.partition(":")
         sink: Sink = getattr(importlib.import_module(module), name)(self, health, observe=observe)

@@ -2,12 +2,14 @@
 grants` prints a role's GRANT script, `relayd check` verifies a role, and a permission error
 names the privilege its statement lacked.
 
-The roles: `relay` (`relayd run`), `operator` (`relayd status`, `dlq`, `pause`, `resume`,
-`doctor`) and `migrator` (`relayd migrate`, which owns what it creates). Each statement of
-relayd/store/sql/ is listed with the privileges it needs, read from what it does; a role
+The roles: `relay` (`relayd run`), `operator` (`relayd status`, `dlq`, `held`, `pause`,
+`resume`, `doctor`), `migrator` (`relayd migrate`, which owns what it creates) and `producer`
+(an application's `relayd.producer.append`). Each statement of relayd/store/sql/, and each
+of the producer's, is listed with the privileges it needs, read from what it does; a role
 needs the union over the statements of its tasks, on the configured outbox and its schema.
 The reading is checked by tests/acceptance/test_least_privilege.py, which runs every command
-under roles holding exactly these grants.
+under roles holding exactly these grants, and by tests/integration/producer/, which appends
+with every driver under the producer's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Role(enum.StrEnum):
     RELAY = "relay"
     OPERATOR = "operator"
     MIGRATOR = "migrator"
+    PRODUCER = "producer"
 
 
 # The role name a script grants to unless `--to` names another.
@@ -32,12 +35,14 @@ DEFAULT_GRANTEE: Mapping[Role, str] = {
     Role.RELAY: "relayd",
     Role.OPERATOR: "relayd_operator",
     Role.MIGRATOR: "relayd_migrator",
+    Role.PRODUCER: "relayd_producer",
 }
 # The commands each role runs.
 COMMANDS: Mapping[Role, str] = {
     Role.RELAY: "relayd run",
     Role.OPERATOR: "relayd status, dlq, held, pause, resume and doctor",
     Role.MIGRATOR: "relayd migrate",
+    Role.PRODUCER: "an application's appends (relayd.producer, every driver)",
 }
 
 
@@ -210,6 +215,24 @@ STATEMENTS: Mapping[str, Needs] = {
 }
 
 
+# The producer's statements (relayd/producer/), run on the application's own connection:
+# `append`'s insert, which does nothing on a taken id, and its comparison with the row
+# holding that id; `enqueue` and `enqueue_many` insert alone. ON CONFLICT reads the conflict
+# target (SELECT); the row checks' trigger calls relayd_check_row as the inserting role, and
+# available_at's default calls relayd_available_at. The NOTIFY trigger's function, and the
+# checks' trigger function, need nothing: PostgreSQL checks a trigger function's EXECUTE
+# when the trigger is created, not when it fires (and pg_notify is PUBLIC's).
+PRODUCER_STATEMENTS: Mapping[str, Needs] = {
+    "append_insert": {
+        Obj.OUTBOX: ("SELECT", "INSERT"),
+        Obj.CHECK_ROW: ("EXECUTE",),
+        Obj.AVAILABLE_AT: ("EXECUTE",),
+    },
+    "append_compare": {Obj.OUTBOX: ("SELECT",)},
+}
+_EVERY_STATEMENT: Mapping[str, Needs] = {**STATEMENTS, **PRODUCER_STATEMENTS}
+
+
 @dataclass(frozen=True, slots=True)
 class Task:
     """Something a role does, and the statements it runs (`cleanup_only`: only while
@@ -284,6 +307,14 @@ TASKS: Mapping[Role, tuple[Task, ...]] = {
             ("migrations",),
         ),
     ),
+    Role.PRODUCER: (
+        Task(
+            "insert events in the application's transaction (append, enqueue, enqueue_many): "
+            "the row checks and available_at's default run as the inserting role",
+            ("append_insert",),
+        ),
+        Task("compare an event appended again with the stored one (a no-op)", ("append_compare",)),
+    ),
 }
 
 
@@ -316,7 +347,7 @@ def role_grants(role: Role, *, cleanup: bool) -> list[Grant]:
         if task.cleanup_only and not cleanup:
             continue
         for statement in task.statements:
-            for obj, privileges in STATEMENTS[statement].items():
+            for obj, privileges in _EVERY_STATEMENT[statement].items():
                 wanted.setdefault(obj, set()).update(privileges)
                 if task.what not in why.setdefault(obj, []):
                     why[obj].append(task.what)

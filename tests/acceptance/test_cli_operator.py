@@ -79,7 +79,7 @@ async def test_dlq_list_prints_a_table_newest_first_and_json_for_scripts(
     assert row["last_error"] == unavailable
     assert row["dead_at"].endswith("+00:00")  # a time in JSON: as in every --json
 
-    result = run_relayd_blocking("dlq", "list", "--reason", "conflict", env=env)
+    result = run_relayd_blocking("dlq", "list", "--dead-reason", "conflict", env=env)
     assert (result.returncode, result.stdout) == (0, "no dead letters match\n")
 
 
@@ -135,10 +135,20 @@ async def test_dlq_show_prints_the_envelope_and_refuses_other_rows(
         (["dlq", "list", "--limit", "0"], "dlq list: --limit: must be from 1 to 10000, got 0"),
         (["dlq", "list", "--limit", "ten"], "dlq list: --limit: expected a whole number"),
         (
-            ["dlq", "list", "--reason", "max_attempt"],
-            "dlq list: --reason: 'max_attempt' is not a dead reason "
+            ["dlq", "list", "--dead-reason", "max_attempt"],
+            "dlq list: --dead-reason: 'max_attempt' is not a dead reason "
             f"({', '.join(reason.value for reason in DeadReason)})",
         ),
+        (
+            ["dlq", "list", "--reason", "max_attempts"],
+            "dlq list: --reason: dlq list records nothing; filter with --dead-reason REASON",
+        ),
+        (
+            ["dlq", "retry", "--all", "--reason", "max_attempts"],
+            "dlq retry: --reason: 'max_attempts' names a dead reason, but --reason is the note "
+            "the retry records; to select those rows, use --dead-reason max_attempts",
+        ),
+        (["dlq", "retry", "--all", "--reason", " "], "dlq retry: --reason: must not be empty"),
         (["dlq", "list", "--queue", ""], "dlq list: --queue: must not be empty"),
         (["dlq", "show", "not-a-uuid"], "dlq show: ID: not a UUID: 'not-a-uuid'"),
         (

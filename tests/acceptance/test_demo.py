@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import run_relayd, start_relayd
+from tests.support import run_relayd, run_relayd_blocking, start_relayd
 
 _STARTED_S = 60.0  # an embedded PostgreSQL to create, then the demo's run (about 15 s)
 _STOPPED_S = 30.0
@@ -37,14 +37,24 @@ async def _config_path(process: asyncio.subprocess.Process) -> Path:
     raise AssertionError(f"the demo ended (code {await process.wait()}) without a config")
 
 
+def test_demo_help_says_keep_works_for_every_destination(cli_env: dict[str, str]) -> None:
+    """`relayd demo --help` says --keep keeps every kind's destination, and names status."""
+    result = run_relayd_blocking("demo", "--help", env=cli_env)
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    assert "keep PostgreSQL and the destination running (for every --sink)" in text
+    assert "`relayd status --config PATH`" in text
+
+
 @pytest.mark.parametrize("kind", sorted(DEMOS))
 async def test_demo_keep_serves_its_dead_letters_until_sigint(
     kind: str, cli_env: dict[str, str]
 ) -> None:
     """1. `relayd demo --sink KIND --keep` prints a configuration file once its run is over;
     2. `relayd dlq list --config PATH` lists the demo's poison rows from the PostgreSQL it
-    kept, and `relayd check --config PATH` passes against the stand-in it kept; 3. SIGINT
-    stops it: exit 0, its directory (PostgreSQL's data, the file) removed."""
+    kept, and `relayd check` and `relayd status` pass against what it kept; 3. SIGINT stops
+    it: exit 0, its directory (PostgreSQL's data, the file) removed, its last line before
+    stopping pointing at a real server's quick start."""
     poison, destination = DEMOS[kind]
     process = await start_relayd("demo", "--sink", kind, "--rows", "100", "--keep", env=cli_env)
     try:
@@ -58,12 +68,17 @@ async def test_demo_keep_serves_its_dead_letters_until_sigint(
         assert out.splitlines()[-1] == f"{len(poison)} dead letters, newest first"
         code, out, err = await run_relayd("check", "--config", str(config), env=cli_env)
         assert code == 0, out + err
+        code, out, err = await run_relayd("status", "--config", str(config), env=cli_env)
+        assert code == 0, out + err
 
         process.send_signal(signal.SIGINT)  # 3.
         async with asyncio.timeout(_STOPPED_S):
             rest, _ = await process.communicate()
         assert process.returncode == 0, rest
-        assert rest.decode().endswith(f"stopping PostgreSQL and {destination}\n")
+        assert rest.decode().endswith(
+            f'  a real server  the quick start for kind = "{kind}" in README.md\n'
+            f"stopping PostgreSQL and {destination}\n"
+        )
         assert not config.parent.exists()
     finally:
         if process.returncode is None:

@@ -2,8 +2,9 @@
 they are for. The migrator (granted by a superuser) runs `relayd migrate` on an empty
 database and, as the owner of what it created, runs the relay's and the operator's scripts;
 `relayd run` then publishes, retries, dead-letters, pauses a poison storm, cleans up and
-keeps its heartbeat as the relay role, and every operator command runs as the operator.
-`relayd check` fails, naming the privilege, for each grant taken away."""
+keeps its heartbeat as the relay role, and every operator command runs as the operator,
+without access to the sink's secret files. `relayd check` fails, naming the privilege, for
+each grant taken away."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import asyncpg
 import pytest
 
 from relayd.operator.check import CheckLine, Verdict, failed, run_checks
+from relayd.settings import to_toml
 from relayd.store.privileges import Kind, Privilege, Role, role_privileges
 from relayd.testing.emulator import RunningEmulator
 from relayd.testing.processes import free_port
@@ -237,6 +239,68 @@ async def test_the_operator_role_runs_every_operator_command(
         ("resume", 1),
         ("resume", 1),
     ]
+
+
+# Each kind's [sink] with every file it can read: credentials and a CA bundle.
+_SINKS: dict[str, dict[str, object]] = {
+    "ojs": {"url": "http://127.0.0.1:9", "token_file": "ojs-token"},
+    "nats": {
+        "servers": ["nats://127.0.0.1:9"],
+        "stream": "EVENTS",
+        "routes": [{"type": "order.fulfill", "subject": "events.orders"}],
+        "creds_file": "nats.creds",
+    },
+    "webhook": {"url": "http://127.0.0.1:9/hooks", "secret_file": "webhook-secret"},
+}
+_FILE_KEYS = {"ojs": "token_file", "nats": "creds_file", "webhook": "secret_file"}
+_ABSENT = "No such file or directory"
+
+
+@pytest.mark.parametrize("kind", list(_SINKS))
+async def test_the_operator_needs_no_access_to_the_sinks_secrets(
+    cli_env: dict[str, str], roles: Roles, tmp_path: Path, kind: str
+) -> None:
+    """The relay's configuration, with its sink's credentials and CA bundle in files the
+    operator cannot read (here: absent, which no reader gets past, even root): under the
+    operator role, status, dlq, held, pause, resume, doctor, grants and config show exit 0
+    and say nothing about them; check and run, which talk to the sink, read them and exit 2
+    naming the key."""
+    secrets = tmp_path / "secrets-of-the-relay"  # never created
+    sink = {
+        key: str(secrets / value) if key.endswith("_file") else value
+        for key, value in _SINKS[kind].items()
+    }
+    sink |= {"kind": kind, "ca_file": str(secrets / "ca.pem")}
+    config = tmp_path / "relayd.toml"
+    config.write_text(to_toml({"outbox": {"table": "relayd.outbox"}, "sink": sink}))
+    env = cli_env | {"RELAYD_CONFIG": str(config), "RELAYD_DATABASE__DSN": roles.dsn(Role.OPERATOR)}
+    admin = await asyncpg.connect(roles.database.dsn)
+    try:
+        ids = await rows_in_every_state(admin)
+    finally:
+        await admin.close()
+    for command in [
+        ("status",),
+        ("status", "--json"),
+        ("dlq", "list"),
+        ("dlq", "show", ids["dead"][0]),
+        ("dlq", "retry", ids["dead"][0], "--reason", "the operator's"),
+        ("pause", "--queue", "orders", "--reason", "maintenance"),
+        ("held", "list"),
+        ("held", "discard", "--all", "--dry-run", "--reason", "checked"),
+        ("resume", "--queue", "orders"),
+        ("doctor", "--json"),
+        ("grants", "--role", "operator"),
+        ("config", "show"),
+    ]:
+        code, out, err = await run_relayd(*command, env=env)
+        ok = (0, 1) if command[0] == "doctor" else (0,)  # the plan is the planner's
+        assert (code in ok, err) == (True, ""), f"relayd {' '.join(command)}: {out}{err}"
+    key = _FILE_KEYS[kind]
+    for command in [("check",), ("run",)]:
+        code, out, err = await run_relayd(*command, env=env)
+        assert (code, out) == (2, ""), f"relayd {' '.join(command)}: {err}"
+        assert err == f"relayd: config error: sink.{key}: cannot read {sink[key]}: {_ABSENT}\n"
 
 
 async def _audit(roles: Roles) -> list[tuple[str, int]]:

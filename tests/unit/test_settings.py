@@ -15,7 +15,7 @@ from relayd.core.errors import ConfigError
 from relayd.core.rows import OutboxTable
 from relayd.settings import Settings, load_settings
 from relayd.store import _server_settings
-from tests.support import clear_relayd_env, ojs_settings
+from tests.support import SinkHealthRecord, clear_relayd_env, ojs_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config.example.toml"
@@ -453,3 +453,33 @@ def test_config_show_never_prints_an_inline_password_as_a_setting(
     [line] = [line for line in shown.splitlines() if "postgresql://" in line]
     assert line.startswith('# dsn = "postgresql://app:***@db:5432/app"')
     assert "dsn_file" in line
+
+
+@pytest.mark.parametrize(
+    ("kind", "keys"),
+    [
+        ("ojs", {"url": "http://sink:8080", "token_file": "token"}),
+        ("nats", {"servers": ["nats://sink:4222"], "stream": "S", "password_file": "pw"}),
+        ("webhook", {"url": "http://sink/hooks", "secret_file": "secret"}),
+    ],
+)
+def test_an_operator_command_loads_the_sink_without_its_files(
+    tmp_path: Path, kind: str, keys: dict[str, object]
+) -> None:
+    """`load_settings(sink_files=False)` keeps the sink's file paths without opening them
+    (absent here, as to an operator who may not read them); such settings cannot build a
+    sink, and the same file loaded for `relayd run` is refused naming the key."""
+    absent = tmp_path / "absent"
+    sink = {k: str(absent / v) if k.endswith("_file") else v for k, v in keys.items()}
+    lines = [f"{k} = {json.dumps(v)}" for k, v in sink.items()]
+    if kind == "nats":
+        lines.append('user = "relay"')
+    path = _write(tmp_path, "\n".join(["[sink]", f'kind = "{kind}"', *lines, ""]))
+    settings = load_settings(path, sink_files=False)
+    file_key = next(k for k in sink if k.endswith("_file"))
+    assert settings.redacted()["sink"][file_key] == sink[file_key]
+    with pytest.raises(RuntimeError, match="loaded without their files"):
+        settings.sink.build(SinkHealthRecord())
+    with pytest.raises(ConfigError) as refused:
+        load_settings(path)
+    assert refused.value.key == f"sink.{file_key}"

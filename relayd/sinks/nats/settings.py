@@ -14,7 +14,14 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 
-from relayd.config.base import MAX_DURATION_S, KeyedError, Section, read_secret, readable_file
+from relayd.config.base import (
+    MAX_DURATION_S,
+    KeyedError,
+    Section,
+    read_secret,
+    readable_file,
+    sink_files_read,
+)
 from relayd.config.secret_files import read_token_file
 from relayd.core.envelope import Envelope
 from relayd.core.errors import ConfigError
@@ -208,6 +215,8 @@ class NatsSettings(SinkSettings):
     @model_validator(mode="after")
     def _read_files(self) -> NatsSettings:
         # Read while validating, so that any NatsSettings, however built, is complete.
+        if not sink_files_read():
+            return self  # an operator command: it never talks to the sink
         if self.password_file is not None:
             password = read_secret(self.password_file, "sink.password_file")
             self._password = SecretStr(password)

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 
-from relayd.config.base import MAX_DURATION_S, read_secret, readable_file
+from relayd.config.base import MAX_DURATION_S, read_secret, readable_file, sink_files_read
 from relayd.config.secret_files import read_token_file
 from relayd.core.errors import ConfigError
 from relayd.sinks import SinkSettings
@@ -59,6 +59,8 @@ class OjsSettings(SinkSettings):
     @model_validator(mode="after")
     def _read_files(self) -> OjsSettings:
         # Read while validating, so that any OjsSettings, however built, is complete.
+        if not sink_files_read():
+            return self  # an operator command: it never talks to the sink
         if self.token_file is not None:
             # Checked as a rotated file is: a token that cannot be a header value is refused.
             token = read_secret(self.token_file, "sink.token_file", read=read_token_file)

@@ -16,7 +16,14 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from relayd.config.base import MAX_DURATION_S, KeyedError, Section, read_secret, readable_file
+from relayd.config.base import (
+    MAX_DURATION_S,
+    KeyedError,
+    Section,
+    read_secret,
+    readable_file,
+    sink_files_read,
+)
 from relayd.config.secret_files import SecretFileError, read_secret_file
 from relayd.core.errors import ConfigError
 from relayd.sinks import RouteType, SinkSettings
@@ -133,6 +140,8 @@ class WebhookSettings(SinkSettings):
     @model_validator(mode="after")
     def _read_files(self) -> WebhookSettings:
         # Read while validating, so that any WebhookSettings, however built, is complete.
+        if not sink_files_read():
+            return self  # an operator command: it never talks to the sink
         if self.secret_file is not None:
             text = read_secret(self.secret_file, "sink.secret_file", read=read_secrets_file)
             self._secret_text = text

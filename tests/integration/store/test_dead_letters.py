@@ -384,7 +384,8 @@ async def test_discard_keeps_rows_and_takes_them_out_of_the_dead_letter_queue(
     database: Database, conn: asyncpg.Connection, cli_env: dict[str, str], store: Store
 ) -> None:
     """Discarded rows stay in the table, marked; `dlq list` and `retry --all` pass them by;
-    `dlq list --include-discarded` shows them; a retry naming one redrives it."""
+    `dlq list --include-discarded` shows them; a retry naming one redrives it, its
+    `--reason` recorded in the audit trail as the discard's is."""
     kept, dropped = await produce(conn, 2)
     await _kill(conn, [kept, dropped])
     env = cli_env | {"RELAYD_DATABASE__DSN": database.dsn}
@@ -405,16 +406,40 @@ async def test_discard_keeps_rows_and_takes_them_out_of_the_dead_letter_queue(
 
     summary = await _redrive_all(store)
     assert summary.counts == {RowOutcome.REDRIVEN: 1}  # the kept one only
-    code, out, _ = await run_relayd("dlq", "retry", dropped, "--actor", "carol", env=env)
-    assert code == 0
+    code, out, err = await run_relayd(
+        "dlq", "retry", dropped, "--actor", "carol", "--reason", "discarded by mistake", env=env
+    )
+    assert code == 0, out + err
     row = await _row(conn, dropped)
     assert (row["dead_at"], row["discarded_at"], row["discard_reason"]) == (None, None, None)
     actions = [(r["actor"], r["action"], r["row_count"], r["reason"]) for r in await _audit(conn)]
     assert actions == [
         ("bob", "dlq.discard", 1, "re-sent as a new job"),
         ("test-operator", "dlq.retry", 1, None),
-        ("carol", "dlq.retry", 1, None),
+        ("carol", "dlq.retry", 1, "discarded by mistake"),
     ]
+
+
+async def test_retry_all_selects_by_dead_reason_and_records_its_own_reason(
+    database: Database, conn: asyncpg.Connection, cli_env: dict[str, str]
+) -> None:
+    """`dlq retry --all --dead-reason R --reason TEXT`: the filter picks the rows dead for
+    R, and TEXT is the note in the audit row, beside the filter it applied."""
+    exhausted, refused = await produce(conn, 2)
+    await _kill(conn, [exhausted])
+    await _kill(conn, [refused], reason="sink_rejected")
+    env = cli_env | {"RELAYD_DATABASE__DSN": database.dsn}
+    code, out, err = await run_relayd(
+        "dlq", "retry", "--all", "--dead-reason", "max_attempts", "--reason", "sink fixed",
+        "--actor", "dana", "--json", env=env,
+    )  # fmt: skip
+    assert (code, err) == (0, ""), out
+    assert json.loads(out)["counts"] == {"redriven": 1}
+    assert (await _row(conn, exhausted))["dead_at"] is None
+    assert (await _row(conn, refused))["dead_reason"] == "sink_rejected"
+    [audit] = await _audit(conn)
+    assert (audit["actor"], audit["action"], audit["reason"]) == ("dana", "dlq.retry", "sink fixed")
+    assert json.loads(audit["filters"])["dead_reason"] == "max_attempts"
 
 
 async def test_retry_all_dry_run_changes_nothing_and_prints_what_it_would_do(

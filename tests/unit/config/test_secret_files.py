@@ -92,9 +92,7 @@ def test_a_token_that_cannot_be_sent_is_a_config_error(
     assert error.key == "sink.token_file"
     assert "does not hold a bearer token" in str(error)
     assert SECRET_TAIL not in str(error)
-    assert (
-        main(["config", "show", "--config", str(_config(tmp_path, "sink.token_file", secret))]) == 2
-    )
+    assert main(["check", "--config", str(_config(tmp_path, "sink.token_file", secret))]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert err.startswith("relayd: config error: sink.token_file: ")
@@ -166,13 +164,14 @@ def test_a_secret_file_linked_to_dev_zero_is_refused_unread(
     cli_env: dict[str, str], tmp_path: Path, key: str
 ) -> None:
     """/dev/zero behind a symlink (which would be read without end) is refused at
-    once: `relayd config show` exits 2 with one line naming the key."""
+    once: `relayd check` (which reads every secret file) exits 2 with one line naming the
+    key."""
     secret = tmp_path / "zero"
     secret.symlink_to("/dev/zero")
     prlimit = str(tool("prlimit", "util-linux"))
     argv = [prlimit, f"--as={_ZERO_AS_BYTES}", "--", *relayd_argv()]
     result = subprocess.run(
-        [*argv, "config", "show", "--config", str(_config(tmp_path, key, secret))],
+        [*argv, "check", "--config", str(_config(tmp_path, key, secret))],
         env=cli_env,
         capture_output=True,
         text=True,

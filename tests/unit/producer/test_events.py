@@ -20,6 +20,7 @@ from relayd.core.envelope import META_OCCURRED_AT, META_VERSION, DomainEvent, En
 from relayd.core.errors import ConfigError
 from relayd.producer import (
     AppendError,
+    Event,
     EventIdConflict,
     EventTooLarge,
     InvalidEvent,
@@ -31,6 +32,8 @@ from relayd.producer import (
     uuid7,
 )
 from relayd.sinks.nats.message import NatsMessage, Route, Routes, message_for
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _nested_list(depth: int) -> list[Any]:
@@ -233,6 +236,35 @@ def test_meta_holds_no_trace_without_a_span() -> None:
     """Without an active span, nothing about tracing is stored."""
     event = OrderUpdated.new({"order_id": 1, "status": "paid"})
     assert set(event.meta) == {META_VERSION, META_OCCURRED_AT}
+
+
+def test_a_plain_job_carries_the_active_span_as_an_event_does() -> None:
+    """`new_job` under an active span: its meta holds the span's traceparent beside the
+    caller's entries; a traceparent the caller gives is kept; without a span, no meta is
+    added."""
+    tracer = TracerProvider().get_tracer("test")
+    given = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with tracer.start_as_current_span("checkout") as span:
+        job = new_job("order.fulfill", [{"order_id": 1}], meta={"correlation_id": "c-1"})
+        event = OrderUpdated.new({"order_id": 1, "status": "paid"})
+        propagated = new_job("order.fulfill", [], meta={"traceparent": given})
+    context = span.get_span_context()
+    expected = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    assert job["meta"] == {"traceparent": expected, "correlation_id": "c-1"}
+    assert job["meta"]["traceparent"] == event.meta["traceparent"]
+    assert propagated["meta"] == {"traceparent": given}
+    assert "meta" not in new_job("order.fulfill", [])
+
+
+def test_the_docs_list_every_public_attribute_of_an_event() -> None:
+    """docs/producers.md's table of an `Event`'s attributes names each of its fields and
+    properties, and nothing else, so that the two cannot drift."""
+    docs = (ROOT / "docs/producers.md").read_text()
+    table = docs.split("An `Event` (`relayd.producer.Event`", 1)[1].split("\n\n", 2)[1]
+    documented = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
+    fields = [field.name for field in dataclasses.fields(Event)]
+    properties = [name for name, value in vars(Event).items() if isinstance(value, property)]
+    assert documented == fields + properties
 
 
 def _job(**fields: Any) -> dict[str, Any]:

@@ -45,7 +45,8 @@ def test_every_statement_is_in_the_list() -> None:
 def test_what_each_role_needs() -> None:
     """The relay writes pauses (the storm guard) and its heartbeat but never deletes pauses;
     the operator writes the audit trail and pauses but never deletes rows or heartbeats;
-    DELETE on the outbox only with cleanup; the migrator needs CREATE on the database."""
+    DELETE on the outbox only with cleanup; the migrator needs CREATE on the database; a
+    producer inserts into the outbox, reads it, and calls the functions a new row does."""
     relay = {(g.obj, g.privileges) for g in role_grants(Role.RELAY, cleanup=True)}
     assert (Obj.OUTBOX, ("SELECT", "UPDATE", "DELETE")) in relay
     assert (Obj.PAUSES, ("SELECT", "INSERT", "UPDATE")) in relay
@@ -61,6 +62,12 @@ def test_what_each_role_needs() -> None:
         (Obj.DATABASE, ("CREATE",))
     ]
     assert len(role_privileges(Role.RELAY, cleanup=True)) == sum(len(p) for _, p in relay)
+    assert [(g.obj, g.privileges) for g in role_grants(Role.PRODUCER, cleanup=True)] == [
+        (Obj.SCHEMA, ("USAGE",)),
+        (Obj.OUTBOX, ("SELECT", "INSERT")),
+        (Obj.AVAILABLE_AT, ("EXECUTE",)),
+        (Obj.CHECK_ROW, ("EXECUTE",)),
+    ]
 
 
 @pytest.mark.parametrize("role", list(Role))
@@ -80,6 +87,7 @@ def test_a_script_is_one_command_per_line_with_quoted_identifiers(role: Role) ->
     if role is not Role.MIGRATOR:
         assert 'ON SCHEMA "app_events" TO' in script.text()
         assert 'TABLE "app_events"."outbox_v2" TO' in script.text()
+    if role in (Role.RELAY, Role.OPERATOR):
         assert 'TABLE "app_events"."relayd_pauses" TO' in script.text()
     assert script.as_json()["statements"] == commands
 

@@ -7,25 +7,9 @@ import io
 import json
 import logging
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-import structlog
-
 from relayd.telemetry.logs import configure_logging, get_logger, is_journal_stream
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> Iterator[None]:
-    """Each test configures logging; put structlog and the root logger back afterwards."""
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    yield
-    structlog.reset_defaults()
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    logging.captureWarnings(False)
 
 
 def test_journal_lines_carry_their_syslog_priority() -> None:
