@@ -27,6 +27,7 @@ import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, ClassVar, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, PrivateAttr
 
@@ -42,6 +43,8 @@ from relayd.core.rows import ClaimedRow
 ExchangeObserver = Callable[[str, str], None]
 
 _O = TypeVar("_O")
+# The port of each scheme a sink's URL may have, when the URL names none.
+_DEFAULT_PORTS = {"http": 80, "https": 443, "nats": 4222, "tls": 4222}
 
 
 def _event_type(value: str) -> str:
@@ -256,6 +259,21 @@ class SinkSettings(Section):
         module, _, name = self.sink_class.partition(":")
         sink: Sink = getattr(importlib.import_module(module), name)(self, health, observe=observe)
         return sink
+
+
+def endpoint(url: str) -> str:
+    """Where `url` points, as `host:port` (`[v6]:port`), the port its scheme implies when it
+    names none: what a connection's failure names. Never the URL's credentials, path or
+    query, where a secret may stand."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    try:
+        port = parts.port
+    except ValueError:  # not a number: the settings refuse such a URL, kept honest here
+        port = None
+    if port is None:
+        port = _DEFAULT_PORTS.get(parts.scheme, 0)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def refusal(settings: SinkSettings, envelope: Envelope, stored_bytes: int) -> DeadLetter | None:
