@@ -395,7 +395,7 @@ class RelayWorker:
         except TimeoutError:
             expired = timed_out(loop.time() - started)
             if not self._ctx.stopping.is_set():  # a drain cut is ours, not the sink's
-                self._ctx.gate.sink_failed(severe=False)
+                self._ctx.gate.sink_failed(severe=False, reason=expired.error)
             result = {row.event_id: expired for row in rows}
         except Exception as exc:
             raise WorkerCrashed("publish", [row.event_id for row in rows]) from exc

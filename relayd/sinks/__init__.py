@@ -93,9 +93,18 @@ class SinkHealth(Protocol):
         """The sink answered a write with a verdict on the row and stored nothing (a
         refusal, a paused queue): its write path answers."""
 
-    def sink_failed(self, *, severe: bool) -> None:
+    def sink_failed(self, *, severe: bool, reason: str) -> None:
         """A failure of the sink, not of the row; `severe` when every request will fail until
-        an operator acts (refused credentials, a wrong address)."""
+        an operator acts (refused credentials, a wrong address). `reason` says what failed,
+        in relayd's words and with the host and port where it is a connection's failure
+        (`SinkDown.error`): the reason an open breaker gives (`breaker.opened`, `/readyz`,
+        `relayd status`). Never a secret: it is logged and stored."""
+
+    def sink_reconnected(self) -> None:
+        """The sink's client made its lost connection again (a sink that keeps one, as NATS
+        does): the breaker may probe at once instead of waiting out its cooldown, and the
+        reconnect is counted (`relayd_sink_reconnects_total`). A sink whose client opens
+        connections as requests need them (HTTP) never calls it."""
 
 
 def report(health: SinkHealth, outcome: _O, *, write: bool = True) -> _O:
@@ -103,7 +112,7 @@ def report(health: SinkHealth, outcome: _O, *, write: bool = True) -> _O:
     sink (`SinkDown`) always; for a write, a row it stored (or was found to hold) or, for
     anything else, a verdict on the row (C5). A read is told only when it failed."""
     if isinstance(outcome, SinkDown):
-        health.sink_failed(severe=outcome.severe)
+        health.sink_failed(severe=outcome.severe, reason=outcome.error)
     elif write:
         if isinstance(outcome, Published):
             health.sink_accepted()

@@ -122,7 +122,7 @@ class NatsSink:
             log=self._log,
             clock=clock,
             observe=observe,
-            on_reconnected=self._forget_facts,  # perhaps another server, or an upgrade
+            on_reconnected=self._reconnected,
         )
         # What the server and the stream reported, until when (clock) it is trusted, and
         # when (loop time) it was asked for.
@@ -146,8 +146,11 @@ class NatsSink:
     async def close(self) -> None:
         await self._connection.close()
 
-    def _forget_facts(self) -> None:
+    def _reconnected(self) -> None:
+        # Perhaps another server, or an upgraded one: its facts are read again. The breaker
+        # may probe now rather than wait out its cooldown.
         self._facts = None
+        self._health.sink_reconnected()
 
     # --- the Sink interface ---
 
