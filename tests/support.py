@@ -112,6 +112,18 @@ def relay_settings(dsn: str, sink_url: str, **sections: dict[str, Any]) -> Setti
     return Settings(**merged)  # type: ignore[arg-type]
 
 
+def sink_settings(dsn: str, sink: Mapping[str, Any], **sections: Mapping[str, Any]) -> Settings:
+    """Settings for an in-process relay of any sink kind: FAST, the database at `dsn`,
+    `[sink]` as `sink` says over FAST's timeouts and concurrency, then `sections`, each over
+    FAST's section of that name."""
+    merged: dict[str, dict[str, Any]] = {name: dict(values) for name, values in FAST.items()}
+    merged["database"] = {"dsn": dsn}
+    merged["sink"] |= sink
+    for name, values in sections.items():
+        merged.setdefault(name, {}).update(values)
+    return Settings(**merged)  # type: ignore[arg-type]
+
+
 @contextlib.asynccontextmanager
 async def running(settings: Settings, *, seed: int = 1) -> AsyncIterator[Daemon]:
     """A relay daemon running in this event loop; drained and awaited on exit."""
@@ -478,13 +490,15 @@ def dsn_as(dsn: str, role: str) -> str:
 
 class SinkHealthRecord:
     """Where an OjsSink reports its exchanges (the breaker, in the daemon): counted here,
-    with each failure's severity. `ok` counts rows the sink stored."""
+    with each failure's severity and reason. `ok` counts rows the sink stored."""
 
     def __init__(self) -> None:
         self.ok = 0
         self.answered = 0
         self.failed = 0
         self.severities: list[bool] = []
+        self.reasons: list[str] = []
+        self.reconnects = 0
 
     def sink_accepted(self) -> None:
         self.ok += 1
@@ -492,6 +506,10 @@ class SinkHealthRecord:
     def sink_answered(self) -> None:
         self.answered += 1
 
-    def sink_failed(self, *, severe: bool) -> None:
+    def sink_failed(self, *, severe: bool, reason: str) -> None:
         self.failed += 1
         self.severities.append(severe)
+        self.reasons.append(reason)
+
+    def sink_reconnected(self) -> None:
+        self.reconnects += 1

@@ -124,3 +124,5 @@ class Heartbeat:
     in_flight: int  # rows claimed and not yet settled
     # Its housekeeping chores failing now (relayd/engine/chores.py): chore -> error, since.
     housekeeping: Mapping[str, Mapping[str, Any]]
+    # Why its breaker is not closed, in the sink's words (None: closed).
+    breaker_reason: str | None = None

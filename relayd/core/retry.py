@@ -17,6 +17,11 @@ breaker to CLOSED, *unproven*: the gauge and `/readyz` read closed, but claims s
 at a time (a probe permit), a failure reopens it at once, and the cooldown keeps growing,
 until a row is stored. An idle relay so learns the sink is back, and a sink that answers
 but does not store never gets full batches.
+
+A sink whose client keeps a connection says when that connection is made again (NATS
+reconnected): an open breaker's cooldown then ends at once, and the next permit is the probe.
+The reconnect proves nothing (the probe still has to store a row), so the openings are kept:
+a probe that fails reopens the breaker with the next, longer cooldown.
 """
 
 from __future__ import annotations
@@ -147,6 +152,19 @@ class CircuitBreaker:
         self._failures = 0
         self.openings = 0
         self._probing = False
+        return True
+
+    def record_reconnected(self) -> bool:
+        """The sink's client made its connection again: an open breaker's cooldown ends now,
+        so that the next permit is a probe instead of a wait of up to `cap_s`. Nothing else
+        changes (a reconnect is no proof that rows are stored). Returns True if a cooldown
+        was cut short."""
+        if self.state is not BreakerState.OPEN:
+            return False  # closed, or half-open with its probe under way
+        now = self._clock()
+        if self._retry_at <= now:
+            return False  # over already: the next asker probes anyway
+        self._retry_at = now
         return True
 
     def record_answered(self) -> None:

@@ -36,7 +36,7 @@ from relayd.daemon import systemd
 from relayd.daemon.cleanup import clean_published
 from relayd.daemon.http import Readiness, make_app, start_web
 from relayd.daemon.listener import listen_for_inserts
-from relayd.daemon.sampler import InstanceInfo, Sampler
+from relayd.daemon.sampler import Activity, InstanceInfo, Sampler
 from relayd.engine.breaker import BreakerGate
 from relayd.engine.chores import Chore, Housekeeping
 from relayd.engine.liveness import NoProof, Proof, acquire, runtime_dir
@@ -219,7 +219,9 @@ class Daemon:
             metrics=self.metrics,
             lease_s=settings.relay.lease_s,
             instance=self.instance,
-            activity=lambda: (ctx.gate.state, sum(w.in_flight for w in self.workers)),
+            activity=lambda: Activity(
+                ctx.gate.state, sum(w.in_flight for w in self.workers), ctx.gate.reason
+            ),
             housekeeping=self.housekeeping,
         )
         self.backlog_status = sampler.summary
@@ -365,7 +367,7 @@ class Daemon:
             cap_s=retry.cap_s,
             rng=self._rng,
         )
-        self._gate = BreakerGate(breaker, self.metrics, self.stopping)
+        self._gate = BreakerGate(breaker, self.metrics, self.stopping, kind=self.settings.sink.kind)
         self._storm = StormHold(
             guard=StormGuard(
                 threshold=self.settings.relay.storm_threshold,
@@ -407,7 +409,9 @@ class Daemon:
         if not self.ready.is_set():
             return "starting"
         if self._gate is not None and self._gate.state is BreakerState.OPEN:
-            return "sink circuit breaker open"
+            # Why, in the sink's words: what an operator looking at a failing probe needs.
+            reason = self._gate.reason
+            return "sink circuit breaker open" + (f": {reason}" if reason else "")
         held = [] if self._storm is None else self._storm.guard.unstored()
         if held:
             # The guard's pause could not be stored: this process holds those rows itself,

@@ -1,9 +1,9 @@
 """The backlog sampler and the heartbeat, two housekeeping chores of the daemon
 (relayd/engine/chores.py): every `metrics.sample_interval_s`, one bounded statement feeds the
 backlog gauges (never a query per row), and this relay's heartbeat row in relayd_instances
-says it is alive, which `relayd status` lists, with the chores failing now. Each rides out
-PostgreSQL outages and refused statements on its own; `relayd_backlog_sampled_timestamp_seconds`
-shows how old the gauges are.
+says it is alive, which `relayd status` lists, with the chores failing now and why its
+breaker is open, if it is. Each rides out PostgreSQL outages and refused statements on its
+own; `relayd_backlog_sampled_timestamp_seconds` shows how old the gauges are.
 """
 
 from __future__ import annotations
@@ -48,8 +48,14 @@ async def sample_backlog(store: Store, *, lease_s: float, bound: int = BACKLOG_B
     return Backlog.from_sample(await store.backlog_sample(bound + 1, lease_s), bound)
 
 
-# What the heartbeat reports of the relay's activity: the breaker's state, rows in flight.
-Activity = Callable[[], tuple[BreakerState, int]]
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """What the heartbeat reports of the relay's activity."""
+
+    breaker: BreakerState
+    in_flight: int  # rows claimed and not yet settled
+    # Why the breaker is not closed, in the sink's words (None: closed).
+    breaker_reason: str | None = None
 
 
 @dataclass
@@ -62,7 +68,7 @@ class Sampler:
     metrics: RelayMetrics
     lease_s: float  # relay.lease_s: leases are looked for among the rows due that soon
     instance: InstanceInfo
-    activity: Activity
+    activity: Callable[[], Activity]
     housekeeping: Housekeeping
     bound: int = BACKLOG_BOUND
     last: Backlog | None = None
@@ -86,7 +92,7 @@ class Sampler:
         )
 
     async def beat(self) -> None:
-        breaker, in_flight = self.activity()
+        activity = self.activity()
         instance = self.instance
         await self.store.heartbeat(
             Heartbeat(
@@ -95,9 +101,10 @@ class Sampler:
                 pid=instance.pid,
                 version=instance.version,
                 started_at=instance.started_at,
-                breaker_state=breaker.name.lower(),
-                in_flight=in_flight,
+                breaker_state=activity.breaker.name.lower(),
+                in_flight=activity.in_flight,
                 housekeeping=self.housekeeping.as_json(),
+                breaker_reason=activity.breaker_reason,
             )
         )
 

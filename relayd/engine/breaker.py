@@ -4,12 +4,19 @@ and gauge of its state changes. The rules themselves are pure, in `relayd/core/r
 
 Logged are changes, never attempts: an idle relay that probes again and again with no row
 to send, while nothing changes, writes nothing.
+
+While the breaker is not closed it keeps its reason: the sink's failure that opened it last
+(the first one, or a failed probe's), in the sink's words (`SinkHealth.sink_failed`). The
+`breaker.opened` event carries it as `error`, `/readyz` and the heartbeat (`relayd status`,
+`/v1/status`) as the breaker's reason. A reconnect of the sink's client ends an open
+breaker's cooldown at once (`sink_reconnected`), and is counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from relayd.core.outcomes import clean_error
 from relayd.core.retry import BreakerState, CircuitBreaker, Permit
 from relayd.core.wakeup import Wakeup
 from relayd.sinks import Sink
@@ -21,18 +28,34 @@ class BreakerGate:
     """The process's circuit breaker as the workers see it: async permits, logs, metrics."""
 
     def __init__(
-        self, breaker: CircuitBreaker, metrics: RelayMetrics, stopping: asyncio.Event
+        self,
+        breaker: CircuitBreaker,
+        metrics: RelayMetrics,
+        stopping: asyncio.Event,
+        *,
+        kind: str,
     ) -> None:
+        """`kind`: the sink's kind, the label of the reconnects it counts."""
         self._breaker = breaker
         self._metrics = metrics
         self._stopping = stopping
         self._changed = Wakeup()
         self._log = get_logger("breaker")
+        self._reason: str | None = None
+        self._reconnects = metrics.sink_reconnects.labels(kind)  # 0 until the first
         metrics.set_breaker(breaker.state)
 
     @property
     def state(self) -> BreakerState:
         return self._breaker.state
+
+    @property
+    def reason(self) -> str | None:
+        """Why the breaker is not closed: the sink's failure that opened it last, in the
+        sink's words; None while it is closed."""
+        if self._breaker.state is BreakerState.CLOSED:
+            return None
+        return self._reason
 
     async def acquire(self) -> Permit | None:
         """Wait until claiming is allowed; None once the process is stopping."""
@@ -70,7 +93,7 @@ class BreakerGate:
             if self._breaker.record_alive():
                 self._publish_state("breaker.closed", proof="health_check")
         elif self._breaker.record_failure():
-            self._opened(severe=False, error=detail)
+            self._opened(detail, severe=False)
 
     # SinkHealth: the sink reports every exchange that tells something here.
     def sink_accepted(self) -> None:
@@ -87,17 +110,26 @@ class BreakerGate:
     def sink_answered(self) -> None:
         self._breaker.record_answered()
 
-    def sink_failed(self, *, severe: bool) -> None:
+    def sink_failed(self, *, severe: bool, reason: str) -> None:
         if self._breaker.record_failure(severe=severe):
-            self._opened(severe=severe)
+            self._opened(reason, severe=severe)
 
-    def _opened(self, **fields: object) -> None:
+    def sink_reconnected(self) -> None:
+        """Counted; an open breaker's cooldown ends now, and a waiting worker probes."""
+        self._reconnects.inc()
+        if self._breaker.record_reconnected():
+            self._log.info("breaker.cooldown_ended", cause="sink_reconnected")
+            self._changed.notify()
+
+    def _opened(self, reason: str, *, severe: bool) -> None:
+        self._reason = clean_error(reason)
         self._metrics.breaker_opened.inc()
         self._publish_state(
             "breaker.opened",
             openings=self._breaker.openings,
             cooldown_s=round(self._breaker.cooldown_s, 3),
-            **fields,
+            severe=severe,
+            error=self._reason,
         )
 
     def _publish_state(self, event: str, **fields: object) -> None:

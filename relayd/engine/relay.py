@@ -305,7 +305,10 @@ class RelayWorker:
 
     def _resending(self, rows: Sequence[ClaimedRow]) -> None:
         """Rows an earlier attempt may have delivered, sent again to a sink that cannot be
-        asked what it holds: each may arrive twice, and receivers deduplicate by its id (C2)."""
+        asked what it holds: each may arrive twice, and receivers deduplicate by its id (C2).
+        A row whose attempts were all handed back unsent (released, or refused before any
+        byte left: `SinkDown.reached` False) is not among them: those settles restore its
+        previous attempt time (`Settler.write`)."""
         for row in rows:
             self._log.info("relay.resending", event_id=row.event_id, attempt=row.attempts)
 
@@ -392,7 +395,7 @@ class RelayWorker:
         except TimeoutError:
             expired = timed_out(loop.time() - started)
             if not self._ctx.stopping.is_set():  # a drain cut is ours, not the sink's
-                self._ctx.gate.sink_failed(severe=False)
+                self._ctx.gate.sink_failed(severe=False, reason=expired.error)
             result = {row.event_id: expired for row in rows}
         except Exception as exc:
             raise WorkerCrashed("publish", [row.event_id for row in rows]) from exc

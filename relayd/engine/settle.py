@@ -58,12 +58,16 @@ class ToPublish:
 @dataclass(slots=True)
 class ToRetry:
     """For `Store.settle_retry`: due again after `delay_s`; `refund` gives the attempt back
-    when the failure was the sink's, not the row's."""
+    when the failure was the sink's, not the row's. `sent` is False when nothing of the
+    attempt can have reached the sink (`SinkDown.reached` False): the row's previous attempt
+    time is then restored, as a release restores it, so that the next claim does not take
+    it for a row an earlier attempt may have delivered (a re-send, a reconciling GET)."""
 
     row: ClaimedRow
     delay_s: float
     error: str
     refund: bool
+    sent: bool = True
 
 
 @dataclass(slots=True)
@@ -131,7 +135,8 @@ def plan(
                 groups.dead.append(ToDeadLetter(row, DeadReason.MAX_ATTEMPTS, error))
             else:
                 delay_s = backoff.delay_s(row.attempts, outcome.retry_after_s)
-                groups.retried.append(ToRetry(row, delay_s, error, refund=refund))
+                sent = not isinstance(outcome, SinkDown) or outcome.reached
+                groups.retried.append(ToRetry(row, delay_s, error, refund=refund, sent=sent))
     return groups
 
 
@@ -209,6 +214,8 @@ class Settler:
                 [r.delay_s for r in retries],
                 [r.error for r in retries],
                 [int(r.refund) for r in retries],
+                [r.sent for r in retries],
+                [r.row.previous_attempt_at for r in retries],
             )
             self._retried(retries, updated)
         if groups.dead:

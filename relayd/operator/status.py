@@ -104,6 +104,8 @@ class Instance:
     in_flight: int
     stale: bool
     housekeeping: Mapping[str, Mapping[str, Any]]  # failing chores: error, since
+    # Why its breaker is not closed, in the sink's words (None: closed).
+    breaker_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +164,7 @@ async def build_report(
                 in_flight=r["in_flight"],
                 stale=r["last_seen_age_s"] > stale_after_s,
                 housekeeping=_housekeeping(r["housekeeping"]),
+                breaker_reason=r["breaker_reason"],
             )
             for r in rows["instances_list"]
         ],
@@ -239,6 +242,7 @@ def report_json(report: StatusReport) -> dict[str, Any]:
                 "last_seen_age_s": round(i.last_seen_age_s, 3),
                 "stale": i.stale,
                 "breaker_state": i.breaker_state,
+                "breaker_reason": i.breaker_reason,
                 "in_flight": i.in_flight,
                 "housekeeping": dict(i.housekeeping),
             }
@@ -356,6 +360,8 @@ def render_text(report: StatusReport) -> str:
             right=(2, 7),
         )
         for i in report.instances:
+            if i.breaker_reason is not None:
+                lines.append(f"  {i.instance_id}: breaker {i.breaker_state}: {i.breaker_reason}")
             for chore, failure in sorted(i.housekeeping.items()):
                 lines.append(
                     f"  {i.instance_id}: housekeeping {chore} failing since "

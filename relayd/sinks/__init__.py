@@ -27,6 +27,7 @@ import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, ClassVar, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, PrivateAttr
 
@@ -42,6 +43,8 @@ from relayd.core.rows import ClaimedRow
 ExchangeObserver = Callable[[str, str], None]
 
 _O = TypeVar("_O")
+# The port of each scheme a sink's URL may have, when the URL names none.
+_DEFAULT_PORTS = {"http": 80, "https": 443, "nats": 4222, "tls": 4222}
 
 
 def _event_type(value: str) -> str:
@@ -90,9 +93,18 @@ class SinkHealth(Protocol):
         """The sink answered a write with a verdict on the row and stored nothing (a
         refusal, a paused queue): its write path answers."""
 
-    def sink_failed(self, *, severe: bool) -> None:
+    def sink_failed(self, *, severe: bool, reason: str) -> None:
         """A failure of the sink, not of the row; `severe` when every request will fail until
-        an operator acts (refused credentials, a wrong address)."""
+        an operator acts (refused credentials, a wrong address). `reason` says what failed,
+        in relayd's words and with the host and port where it is a connection's failure
+        (`SinkDown.error`): the reason an open breaker gives (`breaker.opened`, `/readyz`,
+        `relayd status`). Never a secret: it is logged and stored."""
+
+    def sink_reconnected(self) -> None:
+        """The sink's client made its lost connection again (a sink that keeps one, as NATS
+        does): the breaker may probe at once instead of waiting out its cooldown, and the
+        reconnect is counted (`relayd_sink_reconnects_total`). A sink whose client opens
+        connections as requests need them (HTTP) never calls it."""
 
 
 def report(health: SinkHealth, outcome: _O, *, write: bool = True) -> _O:
@@ -100,7 +112,7 @@ def report(health: SinkHealth, outcome: _O, *, write: bool = True) -> _O:
     sink (`SinkDown`) always; for a write, a row it stored (or was found to hold) or, for
     anything else, a verdict on the row (C5). A read is told only when it failed."""
     if isinstance(outcome, SinkDown):
-        health.sink_failed(severe=outcome.severe)
+        health.sink_failed(severe=outcome.severe, reason=outcome.error)
     elif write:
         if isinstance(outcome, Published):
             health.sink_accepted()
@@ -256,6 +268,21 @@ class SinkSettings(Section):
         module, _, name = self.sink_class.partition(":")
         sink: Sink = getattr(importlib.import_module(module), name)(self, health, observe=observe)
         return sink
+
+
+def endpoint(url: str) -> str:
+    """Where `url` points, as `host:port` (`[v6]:port`), the port its scheme implies when it
+    names none: what a connection's failure names. Never the URL's credentials, path or
+    query, where a secret may stand."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    try:
+        port = parts.port
+    except ValueError:  # not a number: the settings refuse such a URL, kept honest here
+        port = None
+    if port is None:
+        port = _DEFAULT_PORTS.get(parts.scheme, 0)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def refusal(settings: SinkSettings, envelope: Envelope, stored_bytes: int) -> DeadLetter | None:

@@ -41,15 +41,19 @@ class CycleQueries(StoreBase):
     ) -> set[str]:
         return await self._settle("settle_published", owner, event_ids, sink_states)
 
-    async def settle_retry(
+    async def settle_retry(  # noqa: PLR0913, PLR0917 - one array per column, bound in order
         self,
         owner: uuid.UUID,
         event_ids: Sequence[str],
         delays_s: Sequence[float],
         errors: Sequence[str],
         refunds: Sequence[int],
+        sent: Sequence[bool],
+        previous_attempt_at: Sequence[datetime | None],
     ) -> set[str]:
-        return await self._settle("settle_retry", owner, event_ids, delays_s, errors, refunds)
+        return await self._settle(
+            "settle_retry", owner, event_ids, delays_s, errors, refunds, sent, previous_attempt_at
+        )
 
     async def settle_dead(
         self,

@@ -62,6 +62,7 @@ class BacklogQueries(StoreBase):
                 beat.breaker_state,
                 beat.in_flight,
                 json.dumps(beat.housekeeping),
+                beat.breaker_reason,
             )
 
     async def heartbeat_delete(self, instance_id: uuid.UUID) -> None:

@@ -100,6 +100,14 @@ class RelayMetrics:
             registry=r,
         )
         self._sink_request_children: dict[tuple[str, str, str], Counter] = {}
+        self.sink_reconnects = Counter(
+            "relayd_sink_reconnects",
+            "Times the sink's client made its lost connection again, by sink kind. Only a "
+            "sink that keeps a connection counts (NATS); the HTTP sinks (OJS, webhooks) open "
+            "pooled connections as requests need them, and have none to lose.",
+            ["sink"],
+            registry=r,
+        )
         # --- housekeeping (relayd/engine/chores.py) and the poison-storm guard ---
         self.housekeeping_failures = Counter(
             "relayd_housekeeping_failures",

@@ -13,7 +13,7 @@ import aiohttp
 import asyncpg
 
 from relayd.core.retry import Backoff, BreakerState
-from relayd.daemon.sampler import InstanceInfo, Sampler
+from relayd.daemon.sampler import Activity, InstanceInfo, Sampler
 from relayd.engine.chores import Housekeeping
 from relayd.store import Store
 from relayd.store import outage as reconnect
@@ -34,6 +34,8 @@ PAUSE = (
     "INSERT INTO relayd.relayd_pauses (outbox_table, queue, reason, paused_by) "
     "VALUES ('relayd.outbox', $1, $2, 'alice')"
 )
+# The reason the relays' breakers give (the sink's words).
+REFUSED = "cannot connect to 127.0.0.1:8080: connection refused"
 
 
 async def _status(env: dict[str, str], *args: str) -> str:
@@ -55,7 +57,7 @@ async def _beat(store: Store, host: str) -> uuid.UUID:
         metrics=metrics,
         lease_s=30.0,
         instance=InstanceInfo(host=host, pid=1234, version="0.1.0"),
-        activity=lambda: (BreakerState.OPEN, 2),
+        activity=lambda: Activity(BreakerState.OPEN, 2, REFUSED),
         housekeeping=Housekeeping(metrics, database, asyncio.Event()),
     )
     await sampler.beat()
@@ -66,7 +68,8 @@ async def test_status_shows_every_state_pause_and_relay(
     database: Database, conn: asyncpg.Connection, store: Store, cli_env: dict[str, str]
 ) -> None:
     """Human table and --json: rows by state, ages, dead letters by reason, top queues and
-    types, the pause with who and why, a live relay and a stale one."""
+    types, the pause with who and why, a live relay and a stale one, and why the live
+    relay's breaker is open."""
     await rows_in_every_state(conn)
     await conn.execute(PAUSE, "mail", "smtp maintenance")
     live = await _beat(store, "relay-a")
@@ -103,6 +106,7 @@ async def test_status_shows_every_state_pause_and_relay(
     assert instances[str(live)]["stale"] is False
     assert instances[str(live)]["breaker_state"] == "open"
     assert instances[str(live)]["in_flight"] == 2
+    assert instances[str(live)]["breaker_reason"] == REFUSED
     assert instances[str(stale)]["stale"] is True
     assert report["stale_after_s"] == 15.0
 
@@ -116,6 +120,7 @@ async def test_status_shows_every_state_pause_and_relay(
     assert [line.split()[0] for line in lines if "relay-b" in line] == [str(stale)]
     assert next(line for line in lines if "relay-b" in line).endswith("STALE")
     assert not next(line for line in lines if "relay-a" in line).endswith("STALE")
+    assert f"  {live}: breaker open: {REFUSED}" in lines
 
 
 async def test_status_of_a_running_relay_over_http_and_cli(

@@ -49,6 +49,7 @@ RELAYD_METRICS = frozenset(
         "relayd_poison_storm_trips_total",
         "relayd_poison_storm_local_holds",
         "relayd_sink_pauses_total",
+        "relayd_sink_reconnects_total",
         "process_resident_memory_bytes",
         "process_open_fds",
         "process_start_time_seconds",

@@ -26,10 +26,10 @@ from relayd.core.envelope import META_OCCURRED_AT, META_VERSION
 from relayd.testing.nats import NatsServer
 from relayd.testing.processes import free_port
 from tests.faults.checker import Report
-from tests.faults.harness import FAST, Process, Scene, await_ok
+from tests.faults.harness import FAST, Process, Scene, await_ok, child_env
 from tests.faults.nats_proxy import NatsProxy
 from tests.faults.stream_checker import Expected, check_stream
-from tests.support import relayd_argv
+from tests.support import relayd_argv, run_relayd
 
 STREAM = "EVENTS"
 SOURCE = "/orders-service"
@@ -102,19 +102,8 @@ class NatsStage:
         """`relayd run` with the suite's FAST settings and the NATS sink (the server, or the
         proxy `through`), then `env` and `settings` as RELAYD_* variables."""
         port = self.http_ports[name] = free_port()
-        config = self.scene.base / f"{name}.toml"
-        config.write_text("")
-        variables = dict(FAST) | {
-            "RELAYD_CONFIG": str(config),
-            "RELAYD_DATABASE__DSN": self.scene.dsn,
-            "RELAYD_OUTBOX__TABLE": self.scene.table,
+        variables = self.settings(name, through=through) | {
             "RELAYD_HTTP__LISTEN": f"127.0.0.1:{port}",
-            "RELAYD_SINK__KIND": "nats",
-            "RELAYD_SINK__SERVERS": (through.url if through else self.server.url),
-            "RELAYD_SINK__STREAM": STREAM,
-            "RELAYD_SINK__ROUTES": json.dumps(ROUTES),
-            "RELAYD_SINK__SOURCE": SOURCE,
-            "RELAYD_SINK__CONCURRENCY": "16",
         }
         if failpoints:
             variables["RELAYD_TEST_FAILPOINTS"] = failpoints
@@ -126,6 +115,31 @@ class NatsStage:
         if ready:
             await await_ok(self.scene.http, f"http://127.0.0.1:{port}/healthz", proc)
         return proc
+
+    def settings(self, name: str, *, through: NatsProxy | None = None) -> dict[str, str]:
+        """The suite's FAST settings, this scene's database and outbox, and the NATS sink
+        (the server, or the proxy `through`), as RELAYD_* variables; `name` names the
+        (empty) configuration file."""
+        config = self.scene.base / f"{name}.toml"
+        config.write_text("")
+        return dict(FAST) | {
+            "RELAYD_CONFIG": str(config),
+            "RELAYD_DATABASE__DSN": self.scene.dsn,
+            "RELAYD_OUTBOX__TABLE": self.scene.table,
+            "RELAYD_SINK__KIND": "nats",
+            "RELAYD_SINK__SERVERS": (through.url if through else self.server.url),
+            "RELAYD_SINK__STREAM": STREAM,
+            "RELAYD_SINK__ROUTES": json.dumps(ROUTES),
+            "RELAYD_SINK__SOURCE": SOURCE,
+            "RELAYD_SINK__CONCURRENCY": "16",
+        }
+
+    async def operator(self, *args: str) -> str:
+        """`relayd ARGS` (an operator's command: `status`, `dlq list`) with the relays'
+        settings; its stdout, once it exited 0."""
+        code, out, err = await run_relayd(*args, env=child_env(self.settings("operator")))
+        assert code == 0, err
+        return out
 
     async def check(self) -> Report:
         """The history checker over the outbox and the stream (tests/faults/

@@ -9,7 +9,7 @@ import random
 import asyncpg
 
 from relayd.core.retry import Backoff, BreakerState
-from relayd.daemon.sampler import InstanceInfo, Sampler
+from relayd.daemon.sampler import Activity, InstanceInfo, Sampler
 from relayd.engine.chores import Chore, Housekeeping
 from relayd.store import Store
 from relayd.store import outage as reconnect
@@ -36,7 +36,7 @@ async def test_sampler_survives_a_database_outage(
         metrics=metrics,
         lease_s=30.0,
         instance=InstanceInfo(),
-        activity=lambda: (BreakerState.CLOSED, 0),
+        activity=lambda: Activity(BreakerState.CLOSED, 0),
         housekeeping=housekeeping,
     )
     task = asyncio.create_task(housekeeping.every(Chore.SAMPLER, 0.1, sampler.sample))

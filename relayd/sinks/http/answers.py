@@ -5,6 +5,7 @@ a value (`Response`), a body that is not the sink's own error format as one shor
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -47,19 +48,35 @@ def unbuildable(exc: BaseException, *, check: str) -> SinkDown:
     )
 
 
-def classify_exception(exc: BaseException) -> SinkDown:
-    """A transport failure. `reached` is False only when no byte can have been stored."""
+def classify_exception(exc: BaseException, *, where: str) -> SinkDown:
+    """A transport failure of an exchange with `where` (`host:port`), which every text
+    names. `reached` is False only when no byte can have been stored."""
     if isinstance(exc, aiohttp.ClientSSLError):
-        return SinkDown(f"TLS failure: {type(exc).__name__}", reached=False, severe=True)
+        return SinkDown(
+            f"TLS failure with {where}: {type(exc).__name__}", reached=False, severe=True
+        )
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return SinkDown("connect timed out", reached=False)
+        return SinkDown(f"cannot connect to {where}: connect timed out", reached=False)
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        reason = (exc.os_error.strerror or type(exc.os_error).__name__).lower()
+        return SinkDown(
+            f"cannot connect to {where}: the host name does not resolve ({reason})",
+            reached=False,
+        )
     if isinstance(exc, aiohttp.ClientConnectorError):
-        reason = exc.os_error.strerror or type(exc.os_error).__name__
-        return SinkDown(f"cannot connect: {reason}", reached=False)
+        return SinkDown(f"cannot connect to {where}: {_os_words(exc.os_error)}", reached=False)
     if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return SinkDown("the server closed the connection without an answer")
+        return SinkDown(f"{where} closed the connection without an answer")
     if isinstance(exc, aiohttp.ClientOSError):
-        return SinkDown(f"connection failed mid-request: {exc.strerror or type(exc).__name__}")
+        return SinkDown(f"the connection to {where} failed mid-request: {_os_words(exc)}")
     if isinstance(exc, aiohttp.ServerTimeoutError):
-        return SinkDown("read timed out")
-    return SinkDown(f"HTTP client error: {type(exc).__name__}")
+        return SinkDown(f"read from {where} timed out")
+    return SinkDown(f"HTTP client error with {where}: {type(exc).__name__}")
+
+
+def _os_words(exc: OSError) -> str:
+    """A socket's failure in the operating system's words ("connection refused"), without
+    asyncio's wording around them ("Connect call failed (...)")."""
+    if exc.errno is not None and exc.errno > 0:
+        return os.strerror(exc.errno).lower()
+    return exc.strerror or str(exc) or type(exc).__name__

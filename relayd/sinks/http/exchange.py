@@ -14,7 +14,7 @@ from typing import Protocol
 import aiohttp
 
 from relayd.core.outcomes import SinkDown
-from relayd.sinks import ExchangeObserver
+from relayd.sinks import ExchangeObserver, endpoint
 from relayd.sinks.http.answers import Response, classify_exception, unbuildable
 
 # What a sink does with an answer's status and body before it is classified (refresh a
@@ -102,7 +102,7 @@ async def exchange(  # noqa: PLR0913 - a request's parts, then how to treat its 
             return Response(response.status, content, response.headers.get("Retry-After"))
     except aiohttp.ClientError as exc:
         code = "error"
-        return classify_exception(exc)
+        return classify_exception(exc, where=endpoint(url))
     except (ValueError, TypeError) as exc:
         # aiohttp refuses to build some requests (a control character in a header value, a
         # URL it cannot encode) with a plain ValueError, before any byte is sent. A request

@@ -2,15 +2,15 @@
 reply to a JetStream publish (a PubAck, a duplicate's PubAck, an API error), the stored
 message read back after a duplicate, and every exception the client raises.
 
-Exceptions are named by type, never by text alone: a client's message could quote what it
-was given. The answer to a publish is the only proof that a message is stored.
+Exceptions are classified by type, never by text alone: a client's message could quote what
+it was given; a connection's failures are put in relayd's words in `relayd/sinks/nats/link.py`.
+The answer to a publish is the only proof that a message is stored.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +33,7 @@ from relayd.sinks.nats.dedupe import (
     mode_for,
     stream_facts,
 )
+from relayd.sinks.nats.link import NOT_CONNECTED, Link, not_connected
 from relayd.sinks.nats.message import MSG_ID, NatsMessage, b64decode, parse_header_block
 
 STORED = "stored"  # the sink_state of a published row: the stream holds it
@@ -358,7 +359,7 @@ def inbox_refused(exc: InboxRefused) -> SinkDown:
     )
 
 
-def classify_exception(exc: BaseException, *, subject: str) -> Outcome:
+def classify_exception(exc: BaseException, *, subject: str, link: Link) -> Outcome:
     """A failure the client raised while publishing. Every one but a timeout is raised
     before the message is handed to the connection, so nothing can have been stored
     (`reached=False`); a timeout after sending is ambiguous: the next attempt re-sends
@@ -369,7 +370,8 @@ def classify_exception(exc: BaseException, *, subject: str) -> Outcome:
     refusal names a subject, not a message, and a permission granted meanwhile could have
     let this very message in. A refused reply subscription is severe too: reached if the
     message was written before the refusal was known (it may be stored, unanswered), not
-    reached if it was never written."""
+    reached if it was never written. A publish refused for want of a connection names the
+    server and what the client last met (`link`)."""
     name = type(exc).__name__
     if isinstance(exc, PublishRefused):
         return SinkDown(
@@ -386,16 +388,9 @@ def classify_exception(exc: BaseException, *, subject: str) -> Outcome:
             reached=False,
         )
     if isinstance(exc, nats.errors.TimeoutError):
-        return SinkDown(f"no PubAck for {subject} in time: it may be stored")
-    if isinstance(
-        exc,
-        nats.errors.OutboundBufferLimitError
-        | nats.errors.ConnectionClosedError
-        | nats.errors.ConnectionReconnectingError
-        | nats.errors.ConnectionDrainingError
-        | nats.errors.StaleConnectionError,
-    ):
-        return SinkDown(f"not connected to NATS ({name}); nothing was sent", reached=False)
+        return SinkDown(f"no PubAck for {subject} from {link.server} in time: it may be stored")
+    if isinstance(exc, NOT_CONNECTED):
+        return not_connected(exc, link)
     if isinstance(exc, nats.errors.MaxPayloadError):
         return DeadLetter(
             DeadReason.SINK_TOO_LARGE, "the message exceeds the server's max_payload; not sent"
@@ -407,35 +402,6 @@ def classify_exception(exc: BaseException, *, subject: str) -> Outcome:
             severe=True,
         )
     return SinkDown(f"NATS client error: {name}", reached=False)
-
-
-def classify_connect_failure(exc: BaseException | None) -> SinkDown:
-    """No connection could be made: the last error the client reported, by type. Refused
-    credentials or a certificate that does not verify need an operator (severe)."""
-    if exc is None:
-        return SinkDown("cannot connect to NATS: no server answered in time", reached=False)
-    name = type(exc).__name__
-    # A refusal while connecting comes as a plain client Error carrying the server's -ERR
-    # line ('Authorization Violation'); the server's words hold none of our secrets.
-    if isinstance(exc, nats.errors.AuthorizationError) or "authorization" in str(exc).lower():
-        return SinkDown(
-            "cannot connect to NATS: authorization violation (check the sink's credentials)",
-            reached=False,
-            severe=True,
-        )
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return SinkDown(
-            "cannot connect to NATS: the server's certificate does not verify "
-            "(check sink.ca_file and the server name)",
-            reached=False,
-            severe=True,
-        )
-    if isinstance(exc, ssl.SSLError):
-        return SinkDown(f"cannot connect to NATS: TLS failure ({name})", reached=False)
-    if isinstance(exc, OSError):
-        reason = exc.strerror or name
-        return SinkDown(f"cannot connect to NATS: {reason}", reached=False)
-    return SinkDown(f"cannot connect to NATS: {name}", reached=False)
 
 
 def reply_code(reply: bytes) -> str:

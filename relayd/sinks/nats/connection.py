@@ -3,8 +3,9 @@ after a failure (the breaker spaces those out), with the settings that keep C4 (
 buffer, nothing queued written after a reconnect); and the reply inbox that pipelined
 publishes share (`ReplyInbox`).
 
-nats-py's connection errors stop here: they are named by type (or by the server's own words
-on an -ERR line), never printed with a credential in them.
+nats-py's connection errors stop here: they are put in relayd's words, with the server's
+`host:port` (`relayd/sinks/nats/link.py`), never printed with a credential in them. A
+reconnect is told to the breaker (`on_reconnected`): it may probe at once.
 """
 
 from __future__ import annotations
@@ -23,14 +24,19 @@ from structlog.typing import FilteringBoundLogger
 
 from relayd.core import __version__
 from relayd.core.outcomes import SinkDown
-from relayd.sinks import ExchangeObserver
+from relayd.sinks import ExchangeObserver, endpoint
 from relayd.sinks.nats.answers import (
     InboxRefused,
     PublishRefused,
-    classify_connect_failure,
     inbox_refused,
     publish_refused,
     subscribe_refused,
+)
+from relayd.sinks.nats.link import (
+    Link,
+    classify_connect_failure,
+    connection_error,
+    servers_text,
 )
 from relayd.sinks.nats.settings import NatsSettings
 
@@ -177,6 +183,8 @@ class NatsConnection:
         self._severe_error: BaseException | None = None
         self._last_logged = ""
         self._closing = False
+        # The server of the current connection, or of the last one (`host:port`).
+        self._server: str | None = None
 
     @property
     def inbox(self) -> ReplyInbox:
@@ -209,6 +217,12 @@ class NatsConnection:
                 return made
             self._client, self._failure = made, None
             return made
+
+    def link(self) -> Link:
+        """Where the connection is or was last, and the client's last connection error
+        since then: what a failure for want of a connection says."""
+        error = None if self._last_error is None else connection_error(self._last_error)
+        return Link(self._server or servers_text(self._settings.servers), error)
 
     def _refused(self) -> bool:
         return self._inbox is not None and self._inbox.refused is not None
@@ -257,11 +271,15 @@ class NatsConnection:
             # error_cb: the last of those says why better than the timeout does.
             await quietly_close(client)
             self._note("error")
-            return classify_connect_failure(self._severe_error or self._last_error or _cause(exc))
+            return classify_connect_failure(
+                self._severe_error or self._last_error or _cause(exc),
+                servers=servers_text(self._settings.servers),
+            )
         self._note("ok")
+        self._server = _server_of(client)
         self._log.info(
             "sink.nats_connected",
-            server=str(client.connected_url.netloc) if client.connected_url else None,
+            server=self._server,
             version=str(client.connected_server_version),
             max_payload=client.max_payload,
         )
@@ -310,13 +328,22 @@ class NatsConnection:
             client._pending = []
             client._pending_data_size = 0
             if not self._closing:
-                self._log.warning("sink.nats_disconnected", error=named(self._last_error))
+                self._log.warning(
+                    "sink.nats_disconnected",
+                    server=self._server,
+                    error=self._said(self._last_error),
+                )
 
         return dropped
 
     async def _on_reconnected(self) -> None:
+        client = self._client
+        if client is not None:
+            self._server = _server_of(client) or self._server
+        self._last_error = None
+        self._last_logged = ""  # the next failure is news again
+        self._log.info("sink.nats_reconnected", server=self._server)
         self._on_reconnected_hook()
-        self._log.info("sink.nats_reconnected")
 
     async def _on_error(self, exc: Exception) -> None:
         if self._inbox is not None:
@@ -327,22 +354,22 @@ class NatsConnection:
             if subject is not None:
                 self._inbox.refuse_subscription(subject)
         self._last_error = exc
-        if classify_connect_failure(exc).severe:
+        if classify_connect_failure(exc, servers="").severe:
             self._severe_error = exc
-        said = named(exc)
+        said = self._said(exc)
         if said != self._last_logged:  # a server down for an hour is one line, not 3,600
             self._last_logged = said
-            self._log.warning("sink.nats_error", error=said)
+            self._log.warning("sink.nats_error", server=self._server, error=said)
+
+    @staticmethod
+    def _said(exc: BaseException | None) -> str:
+        return "none" if exc is None else connection_error(exc)
 
 
-def named(exc: BaseException | None) -> str:
-    """An error as a log line names it: its type, and the server's words for the errors
-    that carry them (an -ERR line: never a secret of ours)."""
-    if exc is None:
-        return "none"
-    if type(exc) is nats.errors.Error:
-        return str(exc)[:200]
-    return type(exc).__name__
+def _server_of(client: Client) -> str | None:
+    """The connected server as `host:port` (the URL's credentials, if any, left out)."""
+    url = client.connected_url
+    return None if url is None else endpoint(url.geturl())
 
 
 def _cause(exc: BaseException) -> BaseException | None:

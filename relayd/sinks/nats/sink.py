@@ -8,7 +8,7 @@ stream.
 What each answer means is decided in `relayd/sinks/nats/answers.py`, what is sent in
 `relayd/sinks/nats/message.py`; nats-py's exceptions stop here, turned into outcome values.
 No text leaves the sink with a credential in it: the client is given secrets, never asked
-to print them, and failures are named by type.
+to print them, and failures are put in relayd's words (`relayd/sinks/nats/link.py`).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class NatsSink:
             log=self._log,
             clock=clock,
             observe=observe,
-            on_reconnected=self._forget_facts,  # perhaps another server, or an upgrade
+            on_reconnected=self._reconnected,
         )
         # What the server and the stream reported, until when (clock) it is trusted, and
         # when (loop time) it was asked for.
@@ -146,8 +146,11 @@ class NatsSink:
     async def close(self) -> None:
         await self._connection.close()
 
-    def _forget_facts(self) -> None:
+    def _reconnected(self) -> None:
+        # Perhaps another server, or an upgraded one: its facts are read again. The breaker
+        # may probe now rather than wait out its cooldown.
         self._facts = None
+        self._health.sink_reconnected()
 
     # --- the Sink interface ---
 
@@ -271,9 +274,7 @@ class NatsSink:
                     future = await inbox.send(message.subject, message.body, message.headers)
                 except (nats.errors.Error, Refused) as exc:
                     self._note("publish", _failure_code(exc))
-                    outcomes[row.event_id] = self._noted(
-                        classify_exception(exc, subject=message.subject)
-                    )
+                    outcomes[row.event_id] = self._noted(self._classified(exc, message.subject))
                     continue
                 waiting.append((row, message, future))
             if waiting:
@@ -301,14 +302,14 @@ class NatsSink:
         if not future.done():
             future.cancel()
             self._note("publish", "timeout")
-            return classify_exception(nats.errors.TimeoutError(), subject=message.subject)
+            return self._classified(nats.errors.TimeoutError(), message.subject)
         failure = future.exception()
         if failure is not None:  # the server refused the subject (ReplyInbox.refuse)
             self._note("publish", _failure_code(failure))
-            return classify_exception(failure, subject=message.subject)
+            return self._classified(failure, message.subject)
         if no_responders(future.result()):
             self._note("publish", "no_responders")
-            return classify_exception(nats.errors.NoRespondersError(), subject=message.subject)
+            return self._classified(nats.errors.NoRespondersError(), message.subject)
         return future.result()
 
     async def _publish_one(
@@ -424,7 +425,7 @@ class NatsSink:
             )
         except (nats.errors.Error, Refused) as exc:
             self._note("publish", _failure_code(exc))
-            return classify_exception(exc, subject=message.subject)
+            return self._classified(exc, message.subject)
         except asyncio.CancelledError:
             self._note("publish", "timeout")  # the attempt's deadline cut the exchange
             raise
@@ -445,7 +446,7 @@ class NatsSink:
             await client.publish(marker.subject, marker.body, headers=dict(marker.headers))
         except nats.errors.Error as exc:
             self._note("publish", _failure_code(exc))
-            return classify_exception(exc, subject=marker.subject)
+            return self._classified(exc, marker.subject)
         reply = await self._request(event)
         if not isinstance(reply, Msg):
             return reply
@@ -571,13 +572,17 @@ class NatsSink:
             )
         except (nats.errors.Error, Refused) as exc:
             self._note(operation, _failure_code(exc))
-            failure = classify_exception(exc, subject=subject)
+            failure = self._classified(exc, subject)
             return failure if isinstance(failure, SinkDown) else SinkDown(str(failure))
         except asyncio.CancelledError:
             self._note(operation, "timeout")
             raise
         self._note(operation, reply_code(reply.data))
         return reply.data
+
+    def _classified(self, exc: BaseException, subject: str) -> Outcome:
+        """A failure the client raised, as an outcome, with the connection's state."""
+        return classify_exception(exc, subject=subject, link=self._connection.link())
 
     # --- reporting ---
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
 
 import aiohttp
 
@@ -50,6 +51,8 @@ from relayd.sinks.ojs.answers import (
 from relayd.sinks.ojs.settings import OjsSettings
 
 _MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+# What an exchange shows the breaker: an outcome, a lookup's, or a conflict to reconcile.
+_Told = TypeVar("_Told", bound="Outcome | NotFound | Reconcile")
 _MANIFEST_TIMEOUT_S = 5.0
 _MANIFEST_TTL_S = 300.0
 _MANIFEST_RETRY_S = 30.0
@@ -211,9 +214,8 @@ class OjsSink:
             request_id(row.event_id, row.attempts),
             carried(envelope.meta),
         )
-        return report(
-            self._health,
-            answer if isinstance(answer, SinkDown) else classify_post(answer, row.event_id),
+        return self._report(
+            answer if isinstance(answer, SinkDown) else classify_post(answer, row.event_id)
         )
 
     async def _get(self, row: ClaimedRow, envelope: Envelope, suffix: str) -> Outcome | NotFound:
@@ -223,8 +225,7 @@ class OjsSink:
             None,
             request_id(row.event_id, row.attempts, suffix),
         )
-        return report(
-            self._health,
+        return self._report(
             answer if isinstance(answer, SinkDown) else classify_get(answer, envelope),
             write=False,
         )
@@ -280,17 +281,17 @@ class OjsSink:
                 request_id(chunk[0].event_id, chunk[0].attempts, f"-batch{len(chunk)}"),
             )
             if isinstance(answer, SinkDown):
-                report(self._health, answer)
+                self._report(answer)
                 outcomes.update((row.event_id, answer) for row in chunk)
                 continue
             verdict = classify_batch(answer, chunk)
             if isinstance(verdict, BatchFailed):
-                failed = report(self._health, verdict.outcome)
+                failed = self._report(verdict.outcome)
                 outcomes.update((row.event_id, failed) for row in chunk)
                 continue
             # One exchange for every row of the chunk: it stored rows if any is published,
             # else the server answered with a verdict (a refused item, batches not served).
-            report(self._health, _stored(verdict) or _BATCH_VERDICT)
+            self._report(_stored(verdict) or _BATCH_VERDICT)
             if isinstance(verdict, BatchAccepted):
                 outcomes.update(verdict.outcomes)
             elif isinstance(verdict, BatchNotServed):
@@ -396,6 +397,12 @@ class OjsSink:
             # Authorization header must not put the token there.
             content = redact(content, self._secrets)
         return content
+
+    def _report(self, outcome: _Told, *, write: bool = True) -> _Told:
+        """`report` an exchange's outcome to the breaker, its error text scrubbed of every
+        piece of a token first: the breaker logs it as the reason it opened, and the
+        heartbeat stores it."""
+        return report(self._health, scrubbed(outcome, self._pieces), write=write)
 
     async def _bearer(self) -> str | None:
         """The token to send now: the token file's current one (see TokenFile.current)."""

@@ -141,9 +141,13 @@ FROM settled, lazy;
 -- Schedule another attempt after a backoff; refund the attempt when the failure was the
 -- sink's, not the row's (C5). Fenced by the owner token. The backoff counts from
 -- relayd_available_at(), not now(): a jittered backoff may be a few microseconds, and a row
--- due before this statement shows as a writer could fall below a watermark.
+-- due before this statement shows as a writer could fall below a watermark. A row whose
+-- attempt sent nothing (refused before any byte left: not connected) gets its previous
+-- attempt time back, as a release does: the next claim must not take it for a row an
+-- earlier attempt may have delivered.
 -- params: $1 owner token uuid, $2 event ids uuid[], $3 delays float8[] (seconds),
---         $4 errors text[], $5 refunds int[] (0 or 1)
+--         $4 errors text[], $5 refunds int[] (0 or 1), $6 sent bool[],
+--         $7 previous attempt times timestamptz[] (restored where not sent)
 -- Returns NULL when every row was still this owner's (the usual case: nothing to decode),
 -- else the ids it did update.
 WITH lazy AS @lazy_commit@,
@@ -152,8 +156,10 @@ settled AS (
     SET lease_owner = NULL,
         available_at = @schema@.relayd_available_at() + make_interval(secs => r.delay_s),
         last_error = r.error,
-        attempts = greatest(o.attempts - r.refund, 0)
-    FROM unnest($2::uuid[], $3::float8[], $4::text[], $5::int[]) AS r(event_id, delay_s, error, refund)
+        attempts = greatest(o.attempts - r.refund, 0),
+        last_attempt_at = CASE WHEN r.sent THEN o.last_attempt_at ELSE r.previous_attempt_at END
+    FROM unnest($2::uuid[], $3::float8[], $4::text[], $5::int[], $6::bool[], $7::timestamptz[])
+        AS r(event_id, delay_s, error, refund, sent, previous_attempt_at)
     WHERE o.event_id = r.event_id AND o.lease_owner = $1
     RETURNING o.event_id
 )

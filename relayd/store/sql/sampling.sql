@@ -187,7 +187,7 @@ WHERE p.outbox_table = $1;
 -- params: $1 outbox table text
 SELECT instance_id::text AS instance_id, host, pid, version, started_at, last_seen,
        (extract(epoch FROM now()) - extract(epoch FROM last_seen))::float8 AS last_seen_age_s,
-       breaker_state, in_flight, housekeeping::text AS housekeeping
+       breaker_state, breaker_reason, in_flight, housekeeping::text AS housekeeping
 FROM @schema@.relayd_instances
 WHERE outbox_table = $1 AND last_seen > now() - interval '1 day'
 ORDER BY started_at, instance_id;
@@ -196,23 +196,25 @@ ORDER BY started_at, instance_id;
 -- A running relay's heartbeat: insert or refresh its row (last_seen is the database's
 -- clock, so ages compare across hosts), and prune rows not refreshed for a day.
 -- housekeeping: its chores failing now ({"cleanup": {"error": ..., "since": ...}}; {} when
--- none is).
+-- none is). breaker_reason: why its breaker is not closed, in the sink's words (NULL:
+-- closed).
 -- params: $1 outbox table text, $2 instance id uuid, $3 host text, $4 pid int,
 --         $5 version text, $6 started_at timestamptz, $7 breaker state text, $8 in flight int,
---         $9 housekeeping jsonb (as text)
+--         $9 housekeeping jsonb (as text), $10 breaker reason text (NULL: closed)
 WITH pruned AS (
     DELETE FROM @schema@.relayd_instances
     WHERE outbox_table = $1 AND last_seen < now() - interval '1 day'
 )
 INSERT INTO @schema@.relayd_instances AS i
     (outbox_table, instance_id, host, pid, version, started_at, last_seen, breaker_state,
-     in_flight, housekeeping)
-VALUES ($1, $2, $3, $4, $5, $6, now(), $7, $8, $9::jsonb)
+     in_flight, housekeeping, breaker_reason)
+VALUES ($1, $2, $3, $4, $5, $6, now(), $7, $8, $9::jsonb, $10)
 ON CONFLICT (outbox_table, instance_id) DO UPDATE
 SET last_seen = now(),
     breaker_state = excluded.breaker_state,
     in_flight = excluded.in_flight,
-    housekeeping = excluded.housekeeping;
+    housekeeping = excluded.housekeeping,
+    breaker_reason = excluded.breaker_reason;
 
 -- name: heartbeat_delete
 -- A relay that stops cleanly removes its heartbeat.

@@ -1,5 +1,5 @@
-"""A running relay as an operator watches it: its real `/metrics` endpoint through a sink
-outage, scraped over loopback."""
+"""A running relay as an operator watches it: its real `/metrics`, `/readyz` and `/v1/status`
+endpoints through a sink outage, read over loopback."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ EXPECTED = [
     ("relayd_paused", {}),
     ("relayd_build_info", {"version": __version__}),
     ("relayd_breaker_state", {}),
+    # An HTTP sink has no connection to lose: the series is there, and stays 0.
+    ("relayd_sink_reconnects_total", {"sink": "ojs"}),
     ("relayd_outcomes_total", {"outcome": "published"}),
     ("relayd_dead_lettered_total", {"reason": "conflict"}),
     ("relayd_claims_total", {}),
@@ -58,8 +60,9 @@ def _value(samples: Samples, name: str, **labels: str) -> float:
 
 async def test_metrics_through_a_sink_outage(database: Database, conn: asyncpg.Connection) -> None:
     """1. /metrics shows every gauge, no *_created series; 2. sink stopped, new rows: the
-    breaker opens (2), the oldest claimable age grows, nothing is dead-lettered; 3. the
-    sink returns: every row is published, each created once."""
+    breaker opens (2), /readyz and /v1/status say why (the sink's host and port, refused),
+    the oldest claimable age grows, nothing is dead-lettered; 3. the sink returns: every
+    row is published, each created once, and the reason is gone."""
     sink = await start_emulator()
     sink_port = int(sink.url.rsplit(":", 1)[1])
     port = free_port()
@@ -94,6 +97,21 @@ async def test_metrics_through_a_sink_outage(database: Database, conn: asyncpg.C
             return _value(await _scrape(http, port), "relayd_breaker_state") == 2
 
         await eventually(breaker_open)
+        refused = f"cannot connect to 127.0.0.1:{sink_port}: connection refused"
+
+        async def says_why() -> bool:
+            # The failure that opened the breaker last: a probe's, on a new connection.
+            async with http.get(f"http://127.0.0.1:{port}/readyz") as response:
+                ready = await response.json()
+            async with http.get(f"http://127.0.0.1:{port}/v1/status") as response:
+                status = await response.json()
+            [instance] = status["instances"]
+            return (ready["reason"], instance["breaker_reason"]) == (
+                f"sink circuit breaker open: {refused}",
+                refused,
+            )
+
+        await eventually(says_why)
         first_age = _value(await _scrape(http, port), "relayd_outbox_oldest_claimable_age_seconds")
 
         async def age_grew() -> bool:
@@ -116,6 +134,16 @@ async def test_metrics_through_a_sink_outage(database: Database, conn: asyncpg.C
         async with await start_emulator(port=sink_port) as back:
             await eventually(lambda: drained(conn))
             after = back.emulator.ledger()
+
+            async def reason_gone() -> bool:
+                async with http.get(f"http://127.0.0.1:{port}/v1/status") as response:
+                    [instance] = (await response.json())["instances"]
+                return instance["breaker_reason"] is None
+
+            await eventually(reason_gone)
+            assert (
+                _value(await _scrape(http, port), "relayd_sink_reconnects_total", sink="ojs") == 0
+            )
     assert await _dead(conn) == 0
     first = sink.emulator.ledger()
     assert set(first) == set(before)

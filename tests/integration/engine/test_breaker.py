@@ -51,14 +51,14 @@ async def test_a_read_does_not_close_a_half_open_breaker(emulator: RunningEmulat
     breaker = CircuitBreaker(
         threshold=5, cooldown_s=10.0, cap_s=60.0, rng=random.Random(1), clock=lambda: now[0]
     )
-    gate = BreakerGate(breaker, RelayMetrics(), asyncio.Event())
+    gate = BreakerGate(breaker, RelayMetrics(), asyncio.Event(), kind="ojs")
     exchanges: list[tuple[str, str]] = []
     settings = OjsSettings(url=emulator.url, batch="off")
     sink = OjsSink(settings, gate, observe=lambda method, code: exchanges.append((method, code)))
     await sink.start()
     try:
         for _ in range(5):
-            gate.sink_failed(severe=False)
+            gate.sink_failed(severe=False, reason="HTTP 503")
         assert gate.state is BreakerState.OPEN
         now[0] += 60
         assert await gate.acquire() is Permit.PROBE
@@ -79,7 +79,7 @@ async def test_reads_do_not_break_a_streak_of_failed_writes(emulator: RunningEmu
     `breaker_threshold` failed POSTs: the GETs between them do not reset the count."""
     emulator.emulator.add_fault(WRITES_FAIL)
     breaker = CircuitBreaker(threshold=3, cooldown_s=10.0, cap_s=60.0, rng=random.Random(1))
-    gate = BreakerGate(breaker, RelayMetrics(), asyncio.Event())
+    gate = BreakerGate(breaker, RelayMetrics(), asyncio.Event(), kind="ojs")
     sink = OjsSink(OjsSettings(url=emulator.url, batch="off"), gate)
     await sink.start()
     try:
@@ -107,14 +107,14 @@ async def test_an_idle_probe_asks_the_manifest_once_and_the_next_row_proves_it(
         threshold=5, cooldown_s=10.0, cap_s=60.0, rng=random.Random(1), clock=lambda: now[0]
     )
     metrics = RelayMetrics()
-    gate = BreakerGate(breaker, metrics, asyncio.Event())
+    gate = BreakerGate(breaker, metrics, asyncio.Event(), kind="ojs")
     exchanges: list[tuple[str, str]] = []
     settings = OjsSettings(url=emulator.url, batch="off")
     sink = OjsSink(settings, gate, observe=lambda method, code: exchanges.append((method, code)))
     await sink.start()
     try:
         with structlog.testing.capture_logs() as logs:
-            gate.sink_failed(severe=True)
+            gate.sink_failed(severe=True, reason="HTTP 401")
             now[0] += 60
             for _ in range(3):  # three idle cycles: no row to send
                 assert await gate.acquire() is Permit.PROBE

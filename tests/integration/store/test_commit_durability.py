@@ -52,7 +52,7 @@ def _settle_args(statement: str, ids: list[str]) -> tuple[Any, ...]:
     n = len(ids)
     return {
         "settle_published": (["ojs:available"] * n,),
-        "settle_retry": ([0.5] * n, ["HTTP 503"] * n, [0] * n),
+        "settle_retry": ([0.5] * n, ["HTTP 503"] * n, [0] * n, [True] * n, [None] * n),
         "settle_dead": (["rejected"] * n, ["HTTP 400"] * n),
         "release": ([None] * n,),
     }[statement]

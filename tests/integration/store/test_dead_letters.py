@@ -374,7 +374,13 @@ async def test_a_redrive_lasts_until_an_attempt_may_have_sent_the_row(
     owner, rows, seen = await claim()
     assert seen == {redriven: (True, True), plain: (False, True)}
     await store.settle_retry(
-        owner, [r.event_id for r in rows], [0.0, 0.0], ["timeout", "timeout"], [0, 0]
+        owner,
+        [r.event_id for r in rows],
+        [0.0, 0.0],
+        ["timeout", "timeout"],
+        [0, 0],
+        [True, True],
+        [r.previous_attempt_at for r in rows],
     )
     _, _, seen = await claim()
     assert seen == {redriven: (False, True), plain: (False, True)}

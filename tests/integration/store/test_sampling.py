@@ -10,7 +10,7 @@ import uuid
 import asyncpg
 
 from relayd.core.retry import Backoff, BreakerState
-from relayd.daemon.sampler import InstanceInfo, Sampler, sample_backlog
+from relayd.daemon.sampler import Activity, InstanceInfo, Sampler, sample_backlog
 from relayd.engine.chores import Housekeeping
 from relayd.operator.status import build_report
 from relayd.store import Store
@@ -35,7 +35,7 @@ def _sampler(store: Store, **fields: object) -> Sampler:
         "metrics": metrics,
         "lease_s": LEASE_S,
         "instance": InstanceInfo(host="test-host", pid=4242),
-        "activity": lambda: (BreakerState.CLOSED, 7),
+        "activity": lambda: Activity(BreakerState.CLOSED, 7),
         "housekeeping": Housekeeping(metrics, DatabaseRetry(backoff, metrics), asyncio.Event()),
     }
     return Sampler(**(values | fields))  # type: ignore[arg-type]
@@ -142,9 +142,12 @@ async def test_above_the_bound_counts_switch_to_the_estimate(
 async def test_heartbeat_upserts_prunes_and_is_forgotten(
     store: Store, conn: asyncpg.Connection
 ) -> None:
-    """1. a beat inserts this relay's row, a second refreshes it; 2. a day-old row of
-    another relay is pruned; 3. silent for three intervals: stale; 4. forget() removes it."""
-    sampler = _sampler(store)
+    """1. a beat inserts this relay's row, a second refreshes it (its breaker opened between
+    them, and the row says why; a third, closed again, clears the reason); 2. a day-old row
+    of another relay is pruned; 3. silent for three intervals: stale; 4. forget() removes
+    it."""
+    activity = [Activity(BreakerState.CLOSED, 7)]
+    sampler = _sampler(store, activity=lambda: activity[-1])
     await conn.execute(
         "INSERT INTO relayd.relayd_instances VALUES ('relayd.outbox', $1, 'gone', 1, '0.0.1', "
         "now() - interval '3 days', now() - interval '25 hours', 'closed', 0)",
@@ -154,13 +157,24 @@ async def test_heartbeat_upserts_prunes_and_is_forgotten(
     assert report.instances == []  # older than a day: ignored even before it is pruned
     # 1., 2.
     await sampler.beat()
+    refused = "cannot connect to NATS at 127.0.0.1:4222: connection refused"
+    activity.append(Activity(BreakerState.OPEN, 0, refused))
     await sampler.beat()
     rows = await conn.fetch("SELECT instance_id, host, pid, in_flight FROM relayd.relayd_instances")
-    assert [tuple(r) for r in rows] == [(sampler.instance.instance_id, "test-host", 4242, 7)]
+    assert [tuple(r) for r in rows] == [(sampler.instance.instance_id, "test-host", 4242, 0)]
     report = await build_report(store, sample_interval_s=1.0, lease_s=LEASE_S)
     (instance,) = report.instances
     assert instance.instance_id == str(sampler.instance.instance_id)
-    assert (instance.breaker_state, instance.stale) == ("closed", False)
+    assert (instance.breaker_state, instance.breaker_reason) == ("open", refused)
+    activity.append(Activity(BreakerState.CLOSED, 7))
+    await sampler.beat()
+    report = await build_report(store, sample_interval_s=1.0, lease_s=LEASE_S)
+    (instance,) = report.instances
+    assert (instance.breaker_state, instance.breaker_reason, instance.stale) == (
+        "closed",
+        None,
+        False,
+    )
     # 3.
     await conn.execute("UPDATE relayd.relayd_instances SET last_seen = now() - interval '4 s'")
     report = await build_report(store, sample_interval_s=1.0, lease_s=LEASE_S)

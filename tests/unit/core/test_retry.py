@@ -248,9 +248,9 @@ async def test_breaker_logs_opening_as_a_warning_and_recovery_as_info() -> None:
     breaker = CircuitBreaker(
         threshold=1, cooldown_s=10.0, cap_s=60.0, rng=random.Random(3), clock=clock
     )
-    gate = BreakerGate(breaker, RelayMetrics(), asyncio.Event())
+    gate = BreakerGate(breaker, RelayMetrics(), asyncio.Event(), kind="ojs")
     with structlog.testing.capture_logs() as logs:
-        gate.sink_failed(severe=False)
+        gate.sink_failed(severe=False, reason="HTTP 503")
         clock.now += 60
         assert await gate.acquire() is Permit.PROBE
         gate.sink_accepted()
@@ -269,9 +269,9 @@ async def test_breaker_logs_state_changes_not_probes() -> None:
     breaker = CircuitBreaker(
         threshold=1, cooldown_s=10.0, cap_s=60.0, rng=random.Random(3), clock=clock
     )
-    gate = BreakerGate(breaker, RelayMetrics(), asyncio.Event())
+    gate = BreakerGate(breaker, RelayMetrics(), asyncio.Event(), kind="ojs")
     with structlog.testing.capture_logs() as logs:
-        gate.sink_failed(severe=False)
+        gate.sink_failed(severe=False, reason="HTTP 503")
         clock.now += 60
         for _ in range(5):
             assert await gate.acquire() is Permit.PROBE
@@ -286,3 +286,149 @@ async def test_breaker_logs_state_changes_not_probes() -> None:
     ]
     assert logs[0]["openings"] == 1
     assert logs[-1]["proof"] == "publish"
+
+
+@pytest.mark.parametrize(
+    ("steps", "cut_short", "state", "permit"),
+    [
+        # Open, its cooldown running: the reconnect ends it, the next asker probes.
+        (["open"], True, _O, Permit.PROBE),
+        # The probe a reconnect allowed failed: open again; the next reconnect ends that
+        # cooldown too.
+        (["open", "reconnected", "probe", "fail"], True, _O, Permit.PROBE),
+        # Half-open with its probe out: nothing to cut short, no second probe.
+        (["open", "wait", "probe"], False, _H, None),
+        # Open, but the cooldown is over already: the next asker probes anyway.
+        (["open", "wait"], False, _O, Permit.PROBE),
+        # Closed: a reconnect changes nothing.
+        ([], False, _C, Permit.CLAIM),
+        # Closed on a health answer, unproven: still one row at a time.
+        (["open", "wait", "probe", "alive"], False, _C, Permit.PROBE),
+    ],
+)
+def test_a_reconnect_ends_an_open_breakers_cooldown(
+    steps: list[str], cut_short: bool, state: BreakerState, permit: Permit | type[float] | None
+) -> None:
+    """The sink's client made its connection again: an open breaker probes at once instead
+    of waiting out its cooldown (up to cap_s); nothing else changes, and the reconnect
+    proves nothing (only a stored row closes the breaker for full claims)."""
+    clock = FakeClock()
+    breaker = _breaker(clock, threshold=1)
+    for step in steps:
+        if step == "open":
+            assert breaker.record_failure()
+        elif step == "wait":
+            clock.now += 100
+        elif step == "probe":
+            assert breaker.permit() is Permit.PROBE
+        elif step == "fail":
+            breaker.record_failure()
+        else:
+            getattr(breaker, f"record_{step}")()
+    openings = breaker.openings
+    assert breaker.record_reconnected() is cut_short
+    assert _state(breaker) is state
+    assert breaker.openings == openings
+    granted = breaker.permit()
+    assert isinstance(granted, float) if permit is float else granted is permit
+
+
+def test_a_failed_probe_after_a_reconnect_waits_the_next_longer_cooldown() -> None:
+    """Openings are kept across a reconnect: the probe it allowed fails, and the breaker
+    waits the next step of its cooldown (its ceiling doubled), not the first again."""
+    clock = FakeClock()
+    breaker = _breaker(clock, threshold=1)
+    breaker.record_failure()
+    assert breaker.record_reconnected()
+    assert breaker.permit() is Permit.PROBE
+    assert breaker.record_failure()
+    assert breaker.openings == 2
+    assert 10.0 <= breaker.cooldown_s <= 20.0
+
+
+def _reconnects(metrics: RelayMetrics) -> float | None:
+    return metrics.registry.get_sample_value("relayd_sink_reconnects_total", {"sink": "nats"})
+
+
+async def test_a_reconnect_wakes_a_worker_waiting_out_the_cooldown() -> None:
+    """A worker waiting for the breaker's cooldown gets the probe as soon as the sink says
+    its client reconnected; the reconnect is counted, and logged as what ended the wait."""
+    clock = FakeClock()
+    breaker = CircuitBreaker(
+        threshold=1, cooldown_s=10.0, cap_s=60.0, rng=random.Random(3), clock=clock
+    )
+    metrics = RelayMetrics()
+    gate = BreakerGate(breaker, metrics, asyncio.Event(), kind="nats")
+    assert _reconnects(metrics) == 0.0  # the series exists before the first reconnect
+    with structlog.testing.capture_logs() as logs:
+        gate.sink_failed(severe=False, reason="not connected to NATS at 127.0.0.1:4222")
+        waiting = asyncio.create_task(gate.acquire())
+        await asyncio.sleep(0)  # it waits: the cooldown has not passed on the fake clock
+        assert not waiting.done()
+        gate.sink_reconnected()
+        async with asyncio.timeout(5):
+            assert await waiting is Permit.PROBE
+        gate.sink_reconnected()  # half-open already: counted, nothing to cut short
+    assert _reconnects(metrics) == 2.0
+    assert [entry["event"] for entry in logs] == [
+        "breaker.opened",
+        "breaker.cooldown_ended",
+        "breaker.probing",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("steps", "reason"),
+    [
+        # The failure that opened it, as the sink said it.
+        (["fail:A"], "A"),
+        # Failures while it is open change nothing: the outage is the one that opened it.
+        (["fail:A", "fail:B"], "A"),
+        # A probe that fails reopens it: its failure is the reason now.
+        (["fail:A", "wait", "probe", "fail:B"], "B"),
+        # Half-open: still the reason it opened for.
+        (["fail:A", "wait", "probe"], "A"),
+        # Closed by a stored row, or on a health answer: no reason.
+        (["fail:A", "wait", "probe", "accepted"], None),
+        (["fail:A", "wait", "probe", "alive"], None),
+        # Never opened.
+        ([], None),
+    ],
+)
+async def test_the_breaker_keeps_the_reason_it_opened_for(
+    steps: list[str], reason: str | None
+) -> None:
+    """`BreakerGate.reason`: the sink's failure that opened the breaker last, while it is
+    not closed; what `/readyz` and the heartbeat show."""
+    clock = FakeClock()
+    breaker = CircuitBreaker(
+        threshold=1, cooldown_s=10.0, cap_s=60.0, rng=random.Random(3), clock=clock
+    )
+    gate = BreakerGate(breaker, RelayMetrics(), asyncio.Event(), kind="ojs")
+    for step in steps:
+        if step.startswith("fail:"):
+            gate.sink_failed(severe=False, reason=step.removeprefix("fail:"))
+        elif step == "wait":
+            clock.now += 100
+        elif step == "probe":
+            assert await gate.acquire() is Permit.PROBE
+        elif step == "accepted":
+            gate.sink_accepted()
+        else:
+            breaker.record_alive()
+    assert gate.reason == reason
+
+
+async def test_breaker_opened_names_the_sinks_error_cleaned() -> None:
+    """`breaker.opened` carries the failure as `error`, control characters made spaces and
+    bounded as `last_error` is."""
+    breaker = CircuitBreaker(threshold=1, cooldown_s=10.0, cap_s=60.0, rng=random.Random(3))
+    gate = BreakerGate(breaker, RelayMetrics(), asyncio.Event(), kind="ojs")
+    with structlog.testing.capture_logs() as logs:
+        gate.sink_failed(severe=True, reason="HTTP 401\nunauthorized" + "x" * 600)
+    [opened] = logs
+    assert opened["event"] == "breaker.opened"
+    assert opened["severe"] is True
+    assert opened["error"].startswith("HTTP 401 unauthorized")
+    assert len(opened["error"].encode()) <= 512
+    assert gate.reason == opened["error"]

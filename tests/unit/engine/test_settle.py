@@ -196,3 +196,23 @@ def test_a_row_the_storm_guard_held_is_retried_refunded_after_its_delay() -> Non
     )
     assert _where(settlement) == "retried"
     assert [(r.delay_s, r.refund) for r in settlement.retried] == [(60.0, True)]
+
+
+@pytest.mark.parametrize(
+    ("outcome", "sent"),
+    [
+        (REFUSED, False),  # refused before any byte left: nothing was sent
+        (SinkDown("not connected to NATS at h:4222 (reconnecting)", reached=False), False),
+        (RESET, True),  # may have reached the sink
+        (FORBIDDEN, True),
+        (SinkDown("no answer within the attempt deadline (1.0s)"), True),
+        (ODD, True),  # answered: a verdict, whatever it stored
+        (Held("slowed down: HTTP 429", 5.0), True),
+    ],
+)
+def test_a_retry_says_whether_anything_was_sent(outcome: Outcome, sent: bool) -> None:
+    """Only a failure that certainly sent nothing (`SinkDown.reached` False) is retried as
+    unsent: its settle restores the previous attempt time, so the next claim does not take
+    it for a row an earlier attempt may have delivered (a re-send)."""
+    [retry] = _sorted(_row(1), outcome, sink_wide=True).retried
+    assert retry.sent is sent

@@ -201,6 +201,7 @@ def _report() -> StatusReport:
                 in_flight=0,
                 stale=True,
                 housekeeping={},
+                breaker_reason="cannot connect to NATS at 10.0.0.5:4222: connection refused",
             ),
         ],
         stale_after_s=15.0,
@@ -242,15 +243,21 @@ def test_json_shape_is_stable() -> None:
         "last_seen_age_s",
         "stale",
         "breaker_state",
+        "breaker_reason",
         "in_flight",
         "housekeeping",
     }
     assert data["instances"][0]["housekeeping"]["cleanup"]["failures"] == 4
+    assert [i["breaker_reason"] for i in data["instances"]] == [
+        None,
+        "cannot connect to NATS at 10.0.0.5:4222: connection refused",
+    ]
     assert data["stale_after_s"] == 15.0
 
 
 def test_human_output_marks_estimates_bounds_and_stale_relays() -> None:
-    """The table says which counts are estimates, what the top lists cover, who is stale."""
+    """The table says which counts are estimates, what the top lists cover, who is stale,
+    and why a relay's breaker is open."""
     text = render_text(_report())
     assert text.startswith("relayd.outbox at 2026-01-02T03:04:05Z\n")
     lines = text.splitlines()
@@ -268,6 +275,11 @@ def test_human_output_marks_estimates_bounds_and_stale_relays() -> None:
         f"  {uuid.UUID(int=1)}: housekeeping cleanup failing since 2026-01-02T03:00:00+00:00: "
         "delete_published: ForeignKeyViolationError: 23503: ..."
     ) in lines
+    assert (
+        f"  {uuid.UUID(int=2)}: breaker open: cannot connect to NATS at 10.0.0.5:4222: "
+        "connection refused"
+    ) in lines
+    assert not any(f"{uuid.UUID(int=1)}: breaker" in line for line in lines)  # closed
     stale = [line for line in lines if "web-2" in line]
     assert stale[0].endswith("STALE")
     assert "2m03s ago" in stale[0]

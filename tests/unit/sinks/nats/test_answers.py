@@ -1,12 +1,12 @@
 """The NATS answer -> outcome tables (docs/nats.md#outcomes): the reply to a JetStream
 publish, the message read back after a duplicate (docs/contract.md#c2), the client's
-exceptions, connection failures, and `relayd check`'s verdict on the stream."""
+exceptions, and `relayd check`'s verdict on the stream (a connection's failures:
+test_link.py)."""
 
 from __future__ import annotations
 
 import base64
 import json
-import ssl
 from typing import Any
 
 import nats.errors
@@ -21,7 +21,6 @@ from relayd.sinks.nats.answers import (
     PublishRefused,
     classify_ack,
     classify_api_error,
-    classify_connect_failure,
     classify_exception,
     classify_stored,
     publish_refused,
@@ -30,10 +29,13 @@ from relayd.sinks.nats.answers import (
     subscribe_refused,
 )
 from relayd.sinks.nats.dedupe import subject_matches
+from relayd.sinks.nats.link import Link
 
 ID = "019539a4-aaaa-7000-8000-111111111111"
 SUBJECT = "events.orders"
 BODY = b'{"order_id":42}'
+# The connection as the sink sees it while NATS is down: where it was, what the client met.
+LINK = Link("127.0.0.1:4222", "connection refused")
 
 
 def _reply(value: Any) -> bytes:
@@ -252,12 +254,13 @@ def test_header_names_match_whatever_their_case() -> None:
         (nats.js.errors.NoStreamResponseError(), "no responders"),
         (
             nats.errors.TimeoutError(),
-            SinkDown("no PubAck for events.orders in time: it may be stored"),
+            SinkDown("no PubAck for events.orders from 127.0.0.1:4222 in time: it may be stored"),
         ),
         (
             nats.errors.OutboundBufferLimitError(),
             SinkDown(
-                "not connected to NATS (OutboundBufferLimitError); nothing was sent",
+                "not connected to NATS at 127.0.0.1:4222 (reconnecting: connection refused); "
+                "nothing was sent",
                 reached=False,
             ),
         ),
@@ -285,7 +288,7 @@ def test_header_names_match_whatever_their_case() -> None:
 def test_transport_failures_say_whether_the_message_left(exc: Exception, expected: object) -> None:
     """Only a timeout after sending is ambiguous (reached); every other client failure
     comes before the message is handed over, so nothing can be stored."""
-    outcome = classify_exception(exc, subject=SUBJECT)
+    outcome = classify_exception(exc, subject=SUBJECT, link=LINK)
     if isinstance(expected, str):
         assert isinstance(outcome, SinkDown)
         assert outcome.error.startswith(expected)
@@ -299,7 +302,7 @@ def test_a_publish_refused_for_lack_of_permission_is_severe() -> None:
     side (ReplyInbox.refuse): the outcome names the permission, and is severe (an operator
     must grant it); it stays counted as reached (the refusal names a subject, not this
     message)."""
-    assert classify_exception(PublishRefused(SUBJECT), subject=SUBJECT) == SinkDown(
+    assert classify_exception(PublishRefused(SUBJECT), subject=SUBJECT, link=LINK) == SinkDown(
         "the server refuses publishes to events.orders (permissions violation): grant "
         "relayd's NATS user publish permission on it (docs/operations.md#nats)",
         severe=True,
@@ -312,7 +315,9 @@ def test_a_refused_reply_subscription_is_severe(sent: bool) -> None:
     Severe (an operator must grant it); reached only for a message written before the
     refusal was known (it may be stored, unanswered)."""
     inbox = "_INBOX.abc.*"
-    assert classify_exception(InboxRefused(inbox, sent=sent), subject=SUBJECT) == SinkDown(
+    assert classify_exception(
+        InboxRefused(inbox, sent=sent), subject=SUBJECT, link=LINK
+    ) == SinkDown(
         "the server refuses relayd's subscription to its replies (_INBOX.abc.*; permissions "
         "violation), so no answer can reach it: grant relayd's NATS user subscribe "
         "permission on _INBOX.> (docs/operations.md#nats)",
@@ -364,49 +369,6 @@ def test_publish_refused_reads_the_subject_of_the_servers_refusal(
     exc: Exception, subject: str | None
 ) -> None:
     assert publish_refused(exc) == subject
-
-
-@pytest.mark.parametrize(
-    ("exc", "expected"),
-    [
-        (
-            nats.errors.Error("nats: 'Authorization Violation'"),
-            SinkDown(
-                "cannot connect to NATS: authorization violation (check the sink's credentials)",
-                reached=False,
-                severe=True,
-            ),
-        ),
-        (nats.errors.AuthorizationError(), "authorization violation"),
-        (
-            ssl.SSLCertVerificationError("certificate verify failed"),
-            SinkDown(
-                "cannot connect to NATS: the server's certificate does not verify (check "
-                "sink.ca_file and the server name)",
-                reached=False,
-                severe=True,
-            ),
-        ),
-        (
-            ConnectionRefusedError(111, "Connection refused"),
-            SinkDown("cannot connect to NATS: Connection refused", reached=False),
-        ),
-        (None, SinkDown("cannot connect to NATS: no server answered in time", reached=False)),
-        (
-            nats.errors.NoServersError(),
-            SinkDown("cannot connect to NATS: NoServersError", reached=False),
-        ),
-    ],
-)
-def test_connection_failures(exc: BaseException | None, expected: object) -> None:
-    """Refused credentials and a certificate that does not verify are severe (the breaker
-    opens at once); a server that is down is an outage."""
-    outcome = classify_connect_failure(exc)
-    if isinstance(expected, str):
-        assert outcome.severe
-        assert expected in outcome.error
-    else:
-        assert outcome == expected
 
 
 @pytest.mark.parametrize(

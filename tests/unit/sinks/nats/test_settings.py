@@ -259,7 +259,10 @@ class _NoHealth:
     def sink_answered(self) -> None:
         raise AssertionError
 
-    def sink_failed(self, *, severe: bool) -> None:
+    def sink_failed(self, *, severe: bool, reason: str) -> None:
+        raise AssertionError
+
+    def sink_reconnected(self) -> None:
         raise AssertionError
 
 

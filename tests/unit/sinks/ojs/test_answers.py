@@ -10,14 +10,13 @@ import sys
 from decimal import Decimal
 from typing import Any
 
-import aiohttp
 import pytest
 
 from relayd.core.envelope import Envelope
 from relayd.core.jsonvalue import equal as json_equal
 from relayd.core.outcomes import DeadLetter, DeadReason, NotFound, Published, RetryLater, SinkDown
 from relayd.core.rows import ClaimedRow
-from relayd.sinks.http.answers import Response, classify_exception
+from relayd.sinks.http.answers import Response
 from relayd.sinks.ojs.answers import (
     BatchAccepted,
     BatchDrop,
@@ -289,20 +288,6 @@ def test_parse_error_is_lenient(body: bytes, code: str | None, message: str | No
     """Wrapped, unwrapped and string-coded error bodies all parse (docs/ojs.md#error-bodies)."""
     error = parse_error(body)
     assert (error.code, error.message) == (code, message)
-
-
-def test_transport_failures_say_whether_the_request_left() -> None:
-    """Connection refused never reached the sink; a reset mid-request may have."""
-    refused = aiohttp.ClientConnectorError(
-        aiohttp.client_reqrep.ConnectionKey("h", 1, False, True, None, None, None),
-        ConnectionRefusedError(111, "Connection refused"),
-    )
-    assert classify_exception(refused) == SinkDown(
-        "cannot connect: Connection refused", reached=False
-    )
-    dropped = classify_exception(aiohttp.ServerDisconnectedError())
-    assert dropped.reached
-    assert not dropped.severe
 
 
 def test_plan_batches_bounds_jobs_and_bytes() -> None:

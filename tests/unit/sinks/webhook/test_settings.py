@@ -165,7 +165,10 @@ class _Health:
     def sink_answered(self) -> None:
         pass
 
-    def sink_failed(self, *, severe: bool) -> None:
+    def sink_failed(self, *, severe: bool, reason: str) -> None:
+        pass
+
+    def sink_reconnected(self) -> None:
         pass
 
 
