@@ -9,12 +9,13 @@ repr, a log line or an error.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, field_validator, model_validator
 
 from relayd.config.base import (
     MAX_DURATION_S,
@@ -27,6 +28,7 @@ from relayd.config.base import (
 from relayd.config.secret_files import SecretFileError, read_secret_file
 from relayd.core.errors import ConfigError
 from relayd.sinks import RouteType, SinkSettings
+from relayd.sinks.http.urls import hidden_parts, redact_url
 from relayd.sinks.webhook.signing import SecretsError, SigningKeys, parse_secrets
 
 _MAX_URL_CHARS = 2048
@@ -54,6 +56,18 @@ def endpoint_url(value: str) -> str:
     except ValueError as exc:
         raise ValueError(str(exc)) from None
     return value
+
+
+def _pattern(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"not a regular expression: {exc}") from None
+    return value
+
+
+# One of `sink.secret_path_patterns`: a regular expression a whole path segment must match.
+SegmentPattern = Annotated[str, AfterValidator(_pattern)]
 
 
 def check_secret_text(path: Path, text: str) -> str:
@@ -94,6 +108,11 @@ class WebhookSettings(SinkSettings):
     # either way.
     ca_file: Path | None = None
     connect_timeout_s: float = Field(default=3.0, gt=0, le=MAX_DURATION_S)
+    # Path segments hidden wherever relayd shows an endpoint (logs, last_error, a pause's
+    # reason, `relayd status`, `relayd check`): regular expressions, each matching a whole
+    # segment, besides the segments that look like a secret and the query string, which are
+    # always hidden (relayd/sinks/http/urls.py).
+    secret_path_patterns: tuple[SegmentPattern, ...] = ()
 
     sink_class: ClassVar[str] = "relayd.sinks.webhook.sink:WebhookSink"
     demo: ClassVar[str | None] = "relayd.demo.webhook:WebhookDemo"
@@ -104,16 +123,17 @@ class WebhookSettings(SinkSettings):
 
     _keys: SigningKeys | None = PrivateAttr(default=None)
     _secret_text: str | None = PrivateAttr(default=None)
+    _patterns: tuple[re.Pattern[str], ...] = PrivateAttr(default=())
 
     @field_validator("url")
     @classmethod
     def _valid_url(cls, value: str | None) -> str | None:
         return None if value is None else endpoint_url(value)
 
-    @field_validator("routes", mode="before")
+    @field_validator("routes", "secret_path_patterns", mode="before")
     @classmethod
-    def _routes_from_text(cls, value: object) -> object:
-        # The environment gives text: a JSON array of {"type", "url"}.
+    def _array_from_text(cls, value: object) -> object:
+        # The environment gives text: a JSON array (of {"type", "url"}, of patterns).
         if not isinstance(value, str):
             return value
         try:
@@ -135,6 +155,11 @@ class WebhookSettings(SinkSettings):
                     f"sink.routes.{seen[route.type]})",
                 )
             seen[route.type] = index
+        return self
+
+    @model_validator(mode="after")
+    def _compile_patterns(self) -> WebhookSettings:
+        self._patterns = tuple(re.compile(pattern) for pattern in self.secret_path_patterns)
         return self
 
     @model_validator(mode="after")
@@ -181,6 +206,17 @@ class WebhookSettings(SinkSettings):
         """Every endpoint, once, sorted."""
         return sorted({route.url for route in self.routes} | ({self.url} if self.url else set()))
 
+    def shown(self, url: str) -> str:
+        """An endpoint as relayd shows it, its secret-looking parts hidden (`redact_url`)."""
+        return redact_url(url, self._patterns)
+
+    @property
+    def hidden(self) -> tuple[str, ...]:
+        """What `shown` hides of every endpoint, longest first: a receiver's answer that
+        echoes its URL is cleaned of these before any of it is kept."""
+        parts = {part for url in self.urls for part in hidden_parts(url, self._patterns)}
+        return tuple(sorted(parts, key=len, reverse=True))
+
     @property
     def target(self) -> str:
         if self.url is None and not self.routes:
@@ -188,4 +224,4 @@ class WebhookSettings(SinkSettings):
                 "sink.url",
                 "required: the receiver's URL, or [[sink.routes]] (type and url) per type",
             )
-        return ", ".join(self.urls)
+        return ", ".join(self.shown(url) for url in self.urls)

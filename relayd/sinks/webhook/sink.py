@@ -32,6 +32,7 @@ from relayd.core.rows import ClaimedRow
 from relayd.sinks import Capabilities, ExchangeObserver, SendWindow, SinkHealth, report
 from relayd.sinks.http.answers import Response
 from relayd.sinks.http.exchange import exchange, new_session
+from relayd.sinks.http.urls import REDACTED
 from relayd.sinks.webhook.answers import (
     GONE_RETRY_S,
     HEADER_ID,
@@ -52,6 +53,7 @@ from relayd.telemetry.logs import get_logger
 # streams an endless body must not hold the attempt.
 MAX_ANSWER_BYTES = 64 * 1024
 
+REDACTED_BYTES = REDACTED.encode()
 # The answers with which a receiver refuses our signature: the secret file is read again.
 _REFUSED_SIGNATURE = frozenset({401, 403})
 # What C2 means for webhooks (docs/contract.md), as `relayd check` says it.
@@ -100,6 +102,7 @@ class WebhookSink:
             settings.secret_path, settings.secret_text, check=check_secret_text, clock=files_clock
         )
         self._endpoints: dict[str, _Endpoint] = {}
+        self._hidden = tuple(part.encode() for part in settings.hidden)
         self._session: aiohttp.ClientSession | None = None
         self._log = get_logger("sink")
 
@@ -146,7 +149,7 @@ class WebhookSink:
         for url in self._settings.urls:
             answer = await self._exchange("HEAD", url, None, {})
             if isinstance(answer, SinkDown):
-                return False, f"{url} unreachable: {answer.error}"
+                return False, f"{self._settings.shown(url)} unreachable: {answer.error}"
         count = len(keys.keys)
         secrets = f"{count} signing secret{'s' if count > 1 else ''}"
         return True, f"endpoints answer; {secrets}; {DELIVERY_GUARANTEE}"
@@ -197,8 +200,9 @@ class WebhookSink:
             return answer
         if isinstance(answer, Gone):
             endpoint.gone, endpoint.quiet_until = True, now + GONE_RETRY_S
-            self._log.error("sink.webhook_gone", url=delivery.url, pause=list(delivery.pause))
-            error = f"{delivery.url} answered {answer.error}"
+            shown = self._settings.shown(delivery.url)
+            self._log.error("sink.webhook_gone", url=shown, pause=list(delivery.pause))
+            error = f"{shown} answered {answer.error}"
             return Held(error, retry_after_s=GONE_RETRY_S, pause=delivery.pause)
         if isinstance(answer, SlowDown):
             # Requests in flight together answer together: only the first slow answer after
@@ -207,7 +211,11 @@ class WebhookSink:
                 endpoint.slowed += 1
             delay_s = slow_delay_s(answer.retry_after_s, endpoint.slowed)
             endpoint.quiet_until = max(endpoint.quiet_until, now + delay_s)
-            self._log.warning("sink.webhook_slowed", url=delivery.url, delay_s=round(delay_s, 3))
+            self._log.warning(
+                "sink.webhook_slowed",
+                url=self._settings.shown(delivery.url),
+                delay_s=round(delay_s, 3),
+            )
             return Held(f"slowed down: {answer.error}", retry_after_s=delay_s)
         return answer
 
@@ -231,7 +239,17 @@ class WebhookSink:
             limit_bytes=MAX_ANSWER_BYTES,
             check="sink.url and sink.routes",
             observe=self._observe,
+            answered=self._answered_body if self._hidden else None,
         )
+
+    async def _answered_body(self, status: int, content: bytes) -> bytes:
+        """An answer's body, cleaned of what relayd hides of its endpoints' URLs: an error
+        page that echoes the URL it was called on must not put a token in last_error."""
+        if 200 <= status < 300:
+            return content
+        for part in self._hidden:
+            content = content.replace(part, REDACTED_BYTES)
+        return content
 
 
 @functools.lru_cache(maxsize=4)

@@ -96,6 +96,11 @@ def test_several_lines_are_several_active_secrets(tmp_path: Path) -> None:
         ("url = 'https://x/'\n", KEY, "sink.secret_file:"),
         ("url = 'https://x/'\n", "# only a comment\n", "sink.secret_file:"),
         ("url = 'https://x/'\nca_file = '/nonexistent/ca.pem'\n", SECRET, "sink.ca_file:"),
+        (
+            "url = 'https://x/'\nsecret_path_patterns = ['[0-9]+', '(']\n",
+            SECRET,
+            "sink.secret_path_patterns.1: not a regular expression",
+        ),
     ],
 )
 def test_bad_keys_are_named_in_one_line(
@@ -136,10 +141,30 @@ def test_secrets_are_never_shown(tmp_path: Path) -> None:
     assert repr(sink.keys) == "SigningKeys(1 keys)"
 
 
+def test_endpoints_are_shown_without_their_secrets(tmp_path: Path) -> None:
+    """`target` (what `relayd check` and the start-up log print) and `shown` hide each URL's
+    query and secret-looking segments, and the segments `secret_path_patterns` match;
+    `hidden` lists what they hide, for cleaning a receiver's answer."""
+    sink = _load(
+        tmp_path,
+        "url = 'https://r.example/hooks?token=abc'\n"
+        "secret_path_patterns = ['acct-[0-9]+']\n"
+        "[[sink.routes]]\ntype = 'order.paid'\n"
+        "url = 'https://b.example/in/acct-42/Xk9pQ2rT7vW3yZ1aB4cD'\n",
+    )
+    assert sink.target == "https://b.example/in/***/***, https://r.example/hooks?***"
+    assert sink.shown("https://b.example/in/acct-7/x") == "https://b.example/in/***/x"
+    assert sink.hidden == ("Xk9pQ2rT7vW3yZ1aB4cD", "token=abc", "acct-42")
+
+
 def test_routes_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """RELAYD_SINK__ROUTES is a JSON array of {"type", "url"}."""
+    """RELAYD_SINK__ROUTES is a JSON array of {"type", "url"}, and
+    RELAYD_SINK__SECRET_PATH_PATTERNS one of patterns."""
     monkeypatch.setenv("RELAYD_SINK__ROUTES", '[{"type": "a.b", "url": "https://x/"}]')
-    assert _load(tmp_path, "").endpoints == {"a.b": "https://x/"}
+    monkeypatch.setenv("RELAYD_SINK__SECRET_PATH_PATTERNS", '["[0-9]+"]')
+    sink = _load(tmp_path, "")
+    assert sink.endpoints == {"a.b": "https://x/"}
+    assert sink.secret_path_patterns == ("[0-9]+",)
 
 
 def test_a_bad_configuration_exits_2_with_one_line(tmp_path: Path) -> None:
