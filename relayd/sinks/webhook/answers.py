@@ -57,9 +57,13 @@ _ROW_REASONS = {413: DeadReason.SINK_TOO_LARGE, 422: DeadReason.SINK_UNPROCESSAB
 # up to the last; a Retry-After is honoured up to MAX_SLOW_S.
 FIRST_SLOW_S = 1.0
 MAX_SLOW_S = 300.0
-# How long a row to an endpoint that answered 410 waits before it may be tried again (by
-# then its route's pause holds it, unless an operator resumed it).
+# How long a row that met an endpoint's 410 waits before it may be tried again when the pause
+# that answer asked for could not be stored (once it is stored, the pause holds the row, and
+# the row is due again as soon as an operator lifts it: relayd/engine/settle.py).
 GONE_RETRY_S = 60.0
+# How long a row claimed before an endpoint's 410, and not sent, waits: the pause holds it
+# by then; if the pause could not be stored, the row is sent and meets the 410 itself.
+GONE_HOLD_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from relayd.sinks.http.answers import Response
 from relayd.sinks.http.exchange import exchange, new_session
 from relayd.sinks.http.urls import REDACTED
 from relayd.sinks.webhook.answers import (
+    GONE_HOLD_S,
     GONE_RETRY_S,
     HEADER_ID,
     HEADER_SIGNATURE,
@@ -66,11 +67,11 @@ _CAPABILITIES = Capabilities(batches=False, reconcile_by_id=False)
 @dataclass(slots=True)
 class _Endpoint:
     """What one endpoint said lately: left alone until `quiet_until` (loop time) after a
-    slow-down (`slowed` in a row) or a 410 (`gone`)."""
+    slow-down (`slowed` in a row); `gone_at`, when it last answered 410 Gone."""
 
     quiet_until: float = float("-inf")
     slowed: int = 0
-    gone: bool = False
+    gone_at: float = float("-inf")
 
 
 class WebhookSink:
@@ -162,10 +163,16 @@ class WebhookSink:
             return delivery  # decided here, nothing sent: nothing to tell the breaker
         endpoint = self._endpoints.setdefault(delivery.url, _Endpoint())
         loop = asyncio.get_running_loop()
+        if _claimed_before(window, endpoint.gone_at):
+            # Claimed before the endpoint's 410: the pause that answer asked for holds the
+            # row from now on. A row claimed after it is sent: only a lifted pause (or one
+            # not stored yet) lets a claim return it, and no timer of this process may
+            # outlast an operator's resume.
+            shown = self._settings.shown(delivery.url)
+            return Held(f"not sent: {shown} answered 410 Gone", retry_after_s=GONE_HOLD_S)
         quiet_s = endpoint.quiet_until - loop.time()
         if quiet_s > 0:
-            why = "answered 410 Gone" if endpoint.gone else "asked to slow down"
-            return Held(f"not sent: the endpoint {why}", retry_after_s=quiet_s)
+            return Held("not sent: the endpoint asked to slow down", retry_after_s=quiet_s)
         keys = await self._keys()
         if window.closed():
             return NotStarted()
@@ -194,12 +201,12 @@ class WebhookSink:
         """The outcome of the endpoint's answer, and what it asks of the next deliveries to
         it: left alone for a while after a 410 or a slow-down, no longer after a 2xx."""
         if isinstance(answer, Published):
-            endpoint.slowed, endpoint.gone = 0, False
+            endpoint.slowed = 0
             return answer
         if isinstance(answer, SinkDown):
             return answer
         if isinstance(answer, Gone):
-            endpoint.gone, endpoint.quiet_until = True, now + GONE_RETRY_S
+            endpoint.gone_at = now
             shown = self._settings.shown(delivery.url)
             self._log.error("sink.webhook_gone", url=shown, pause=list(delivery.pause))
             error = f"{shown} answered {answer.error}"
@@ -250,6 +257,12 @@ class WebhookSink:
         for part in self._hidden:
             content = content.replace(part, REDACTED_BYTES)
         return content
+
+
+def _claimed_before(window: SendWindow, when: float) -> bool:
+    """Whether the claim of `window` was answered before `when` (loop time); a window made
+    outside a claim opens now."""
+    return window.opened_at is not None and window.opened_at <= when
 
 
 @functools.lru_cache(maxsize=4)
