@@ -10,7 +10,7 @@ secret is ever put in a log line, an error or a metric.
 from __future__ import annotations
 
 import asyncio
-import functools
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +46,7 @@ from relayd.sinks.webhook.answers import (
     delivery_for,
     slow_delay_s,
 )
-from relayd.sinks.webhook.settings import WebhookSettings, check_secret_text
+from relayd.sinks.webhook.settings import SecretFile, WebhookSettings, check_secret_text
 from relayd.sinks.webhook.signing import SigningKeys, parse_secrets, signature_header
 from relayd.telemetry.logs import get_logger
 
@@ -74,12 +74,31 @@ class _Endpoint:
     gone_at: float = float("-inf")
 
 
+class _Signer:
+    """The signing keys of one secret file, following the file (`TokenFile`), parsed once
+    per text it holds."""
+
+    def __init__(self, secret: SecretFile, clock: Callable[[], float]) -> None:
+        self.key = secret.key
+        self.file = TokenFile(secret.path, secret.text, check=check_secret_text, clock=clock)
+        self._text = secret.text
+        self._keys = parse_secrets(secret.text)
+
+    async def keys(self) -> SigningKeys:
+        text = await self.file.current()
+        if text != self._text:
+            self._text, self._keys = text, parse_secrets(text)
+        return self._keys
+
+
 class WebhookSink:
     """Delivers rows as signed webhooks to the endpoints of `[sink]`.
 
-    Nothing is sent once the claim's `SendWindow` is closed (C4). The signing secrets follow
-    `sink.secret_file` when an operator rewrites it: the file is looked at (off the loop) no
-    more than once a second, and at once after a 401/403 (relayd/config/secret_files.py).
+    Nothing is sent once the claim's `SendWindow` is closed (C4). Each endpoint is signed
+    with the secrets of its secret file (its route's own, else `sink.secret_file`), and each
+    file is followed on its own when an operator rewrites it: looked at (off the loop) no
+    more than once a second, and at once after its endpoint answers 401/403
+    (relayd/config/secret_files.py).
     """
 
     def __init__(
@@ -98,10 +117,16 @@ class WebhookSink:
         self._observe = observe
         # The wall clock of webhook-timestamp (receivers compare it with theirs).
         self._clock = clock
-        # The secret file's looks are timed on `files_clock` (monotonic).
-        self._secrets = TokenFile(
-            settings.secret_path, settings.secret_text, check=check_secret_text, clock=files_clock
-        )
+        # One signer per secret file, shared by the endpoints signed with it; the files'
+        # looks are timed on `files_clock` (monotonic).
+        by_file: dict[str, _Signer] = {}
+        self._signers: dict[str, _Signer] = {}  # by endpoint URL
+        for url, secret in settings.signing().items():
+            path = os.path.abspath(secret.path)
+            if path not in by_file:
+                by_file[path] = _Signer(secret, files_clock)
+            self._signers[url] = by_file[path]
+        self._files = list(by_file.values())
         self._endpoints: dict[str, _Endpoint] = {}
         self._hidden = tuple(part.encode() for part in settings.hidden)
         self._session: aiohttp.ClientSession | None = None
@@ -146,13 +171,15 @@ class WebhookSink:
     async def check(self) -> tuple[bool, str]:
         """The secrets parse and each endpoint accepts a connection. Nothing is POSTed: a
         probe would be a delivery a receiver must verify and store."""
-        keys = await self._keys()
+        count = sum([len((await signer.keys()).keys) for signer in self._files])
         for url in self._settings.urls:
             answer = await self._exchange("HEAD", url, None, {})
             if isinstance(answer, SinkDown):
                 return False, f"{self._settings.shown(url)} unreachable: {answer.error}"
-        count = len(keys.keys)
         secrets = f"{count} signing secret{'s' if count > 1 else ''}"
+        if len(self._files) > 1:
+            keys = ", ".join(signer.key for signer in self._files)
+            secrets += f" in {len(self._files)} files ({keys})"
         return True, f"endpoints answer; {secrets}; {DELIVERY_GUARANTEE}"
 
     # --- one row ---
@@ -173,7 +200,8 @@ class WebhookSink:
         quiet_s = endpoint.quiet_until - loop.time()
         if quiet_s > 0:
             return Held("not sent: the endpoint asked to slow down", retry_after_s=quiet_s)
-        keys = await self._keys()
+        signer = self._signers[delivery.url]
+        keys = await signer.keys()
         if window.closed():
             return NotStarted()
         timestamp_s = int(self._clock())
@@ -186,10 +214,9 @@ class WebhookSink:
         if isinstance(answer, SinkDown):
             return report(self._health, answer)
         if answer.status in _REFUSED_SIGNATURE:
-            await self._secrets.refresh()  # the operator may have rotated the secret
-        return report(
-            self._health, self._answered(endpoint, delivery, classify(answer), loop.time())
-        )
+            await signer.file.refresh()  # the operator may have rotated the secret
+        classified = classify(answer, signed_with=signer.key)
+        return report(self._health, self._answered(endpoint, delivery, classified, loop.time()))
 
     def _answered(
         self,
@@ -226,10 +253,6 @@ class WebhookSink:
             return Held(f"slowed down: {answer.error}", retry_after_s=delay_s)
         return answer
 
-    async def _keys(self) -> SigningKeys:
-        """The keys of the secret file's current text (parsed once per text)."""
-        return _parsed(await self._secrets.current())
-
     # --- transport ---
 
     async def _exchange(
@@ -263,8 +286,3 @@ def _claimed_before(window: SendWindow, when: float) -> bool:
     """Whether the claim of `window` was answered before `when` (loop time); a window made
     outside a claim opens now."""
     return window.opened_at is not None and window.opened_at <= when
-
-
-@functools.lru_cache(maxsize=4)
-def _parsed(text: str) -> SigningKeys:
-    return parse_secrets(text)
