@@ -180,6 +180,9 @@ class WebhookSink:
         if len(self._files) > 1:
             keys = ", ".join(signer.key for signer in self._files)
             secrets += f" in {len(self._files)} files ({keys})"
+        horizon_s = self._settings.retry_horizon_s
+        if horizon_s is not None:
+            secrets += f"; retry horizon {horizon_s:g}s: keep each webhook-id at least that long"
         return True, f"endpoints answer; {secrets}; {DELIVERY_GUARANTEE}"
 
     # --- one row ---

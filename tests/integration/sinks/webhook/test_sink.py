@@ -288,8 +288,9 @@ async def test_a_410_pauses_its_route_once_and_a_resume_lets_it_through_at_once(
 async def test_relayd_check_states_the_webhook_guarantee(
     database: Database, tmp_path: Path
 ) -> None:
-    """`relayd check`: the endpoints answer, how many secrets sign, and C2 for webhooks;
-    an endpoint nobody listens on fails the line."""
+    """`relayd check`: the endpoints answer, how many secrets sign, the retry horizon a
+    receiver must remember ids for, and C2 for webhooks; an endpoint nobody listens on
+    fails the line."""
     secret_file = tmp_path / "whsec"
     write_secrets(secret_file, OLD, NEW)
     async with receiving([OLD]) as receiver:
@@ -297,6 +298,9 @@ async def test_relayd_check_states_the_webhook_guarantee(
         lines = {line.name: line for line in await run_checks(settings, "test")}
     assert lines["sink"].verdict is Verdict.OK
     assert "2 signing secrets" in lines["sink"].detail
+    horizon_s = settings.sink.retry_horizon_s
+    assert horizon_s is not None
+    assert f"retry horizon {horizon_s:g}s: keep each webhook-id" in lines["sink"].detail
     assert "at least once, deduplicated by webhook-id at the receiver" in lines["sink"].detail
     gone = webhook_settings(database.dsn, secret_file, url=f"http://127.0.0.1:{free_port()}/")
     lines = {line.name: line for line in await run_checks(gone, "test")}
