@@ -329,7 +329,7 @@ def load_producer_sections(path: str | Path) -> tuple[OutboxSettings, SinkSettin
     if isinstance(sink, Mapping):
         model = registry.kinds().get(sink.get("kind", registry.DEFAULT_KIND))
         if model is not None:
-            sink = {key: value for key, value in sink.items() if key not in model.connection_keys}
+            sink = model.without_connection_keys(sink)
     return outbox, sink_section(sink)
 
 

@@ -268,14 +268,12 @@ class TokenFile:
         already under way may have seen the file before the rotation that prompted this
         call: it is waited for, then the file is looked at again."""
         before = self._token
-        if self._look is not None:
-            await asyncio.shield(self._look)
+        await self._applied()
         await self._look_now()
         return self._token != before
 
     async def _look_now(self) -> None:
-        """Start a look unless one is under way, and wait for it. Shielded: a request cut by
-        its deadline leaves the look to finish and be applied."""
+        """Start a look unless one is under way, and wait until its result is applied."""
         if self._look is None:
             began = self._clock()
             known = None if self._unusable else self._signature
@@ -283,7 +281,21 @@ class TokenFile:
             # Registered before any waiter's own callback, so the result is applied before
             # a waiter resumes.
             self._look.add_done_callback(functools.partial(self._apply, began))
-        await asyncio.shield(self._look)
+        await self._applied()
+
+    async def _applied(self) -> None:
+        """Wait until the look under way, if any, has ended and its result is applied.
+        Shielded: a request cut by its deadline leaves the look to finish and be applied."""
+        look = self._look
+        if look is None:
+            return
+        await asyncio.shield(look)
+        if self._look is look:
+            # Ended, but not applied yet: its callback is queued behind this request (which
+            # was queued before the look ended). A done future is awaited without yielding,
+            # so a request that loops until the result is applied would hold the loop for
+            # ever; yield once, and the callback runs first.
+            await asyncio.sleep(0)
 
     def _apply(self, began: float, look: asyncio.Future[_Look]) -> None:
         self._look = None

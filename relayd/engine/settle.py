@@ -99,6 +99,7 @@ def plan(
     backoff: Backoff,
     sink_wide: bool,
     storm_rows: Collection[str] = frozenset(),
+    sink_paused: Collection[Key] = frozenset(),
 ) -> Plan:
     """Group each row by what its outcome asks for.
 
@@ -108,6 +109,10 @@ def plan(
     rows of a queue and type the poison-storm guard holds: the sink's rejections of them are
     retried, refunded, instead of dead-lettered; a row the guard kept from being sent
     (`Held`) is retried refunded too. A row with no outcome was never sent and is released.
+    `sink_paused` are the pauses the sink asked for that are in force now: a row held for
+    one of them is due again at once, since the pause holds it from here on, and is then
+    claimed as soon as an operator lifts the pause, on every replica, instead of after the
+    delay that covers a pause that could not be stored.
     """
     groups = Plan()
     for row in rows:
@@ -123,7 +128,8 @@ def plan(
             groups.retried.append(ToRetry(row, backoff.delay_s(row.attempts), error, refund=True))
         elif isinstance(outcome, Held):
             error = clean_error(outcome.error)
-            groups.retried.append(ToRetry(row, outcome.retry_after_s, error, refund=True))
+            delay_s = 0.0 if outcome.pause in sink_paused else outcome.retry_after_s
+            groups.retried.append(ToRetry(row, delay_s, error, refund=True))
         elif isinstance(outcome, DeadLetter):
             groups.dead.append(ToDeadLetter(row, outcome.reason, clean_error(outcome.error)))
         elif isinstance(outcome, NotStarted):
@@ -179,7 +185,7 @@ class Settler:
     ) -> Plan:
         """Plan the claim's outcomes (the storm guard told first) and write the plan,
         shielded from cancellation; the plan, for the settle's span."""
-        storm_rows = await self._storm.observe(outcomes, keys)
+        storm_rows, sink_paused = await self._storm.observe(outcomes, keys)
         groups = plan(
             claim.rows,
             outcomes,
@@ -187,6 +193,7 @@ class Settler:
             backoff=self._backoff,
             sink_wide=sink_wide,
             storm_rows=storm_rows,
+            sink_paused=sink_paused,
         )
         await asyncio.shield(self.write(claim, groups))
         return groups

@@ -181,14 +181,17 @@ class StormHold:
             retry_after_s=self.retry_after_s,
         )
 
-    async def observe(self, outcomes: Mapping[str, Outcome], keys: Mapping[str, Key]) -> set[str]:
-        """Feed a claim's outcomes to the guard, pause what it trips on, and return the rows
-        whose sink rejections are retried, not dead-lettered: those of a queue and type this
-        process holds, and, if any other row was rejected, those of a queue and type paused in
-        the database now (another replica's guard, or an operator, paused them while this
-        claim was in flight: dead-lettering them would exceed the one window each replica
-        may spend)."""
-        await self._sink_pauses(outcomes)
+    async def observe(
+        self, outcomes: Mapping[str, Outcome], keys: Mapping[str, Key]
+    ) -> tuple[set[str], set[Key]]:
+        """Feed a claim's outcomes to the guard, pause what it trips on, and store the
+        pauses the sink asked for. Returns the rows whose sink rejections are retried, not
+        dead-lettered: those of a queue and type this process holds, and, if any other row
+        was rejected, those of a queue and type paused in the database now (another
+        replica's guard, or an operator, paused them while this claim was in flight:
+        dead-lettering them would exceed the one window each replica may spend); and the
+        pauses the sink asked for that are in force now (`_sink_pauses`)."""
+        sink_paused = await self._sink_pauses(outcomes)
         settled, rejected_ids = settled_by_key(outcomes, keys)
         tripped = self.guard.record(settled, asyncio.get_running_loop().time())
         if tripped:
@@ -197,42 +200,47 @@ class StormHold:
         held = {event_id for event_id, key in keys.items() if key in trips} if trips else set()
         rejected = [event_id for event_id in rejected_ids if event_id not in held]
         if not rejected:
-            return held
+            return held, sink_paused
         try:
             pauses = await self.store.pauses()
         except (DatabaseUnavailable, StatementError) as exc:
             # Without the pauses the process's own view decides; the settle that follows
             # meets the same database and handles it.
             self._log.warning("relay.pauses_unknown", error=str(exc))
-            return held
+            return held, sink_paused
         return held | {
             event_id
             for event_id in rejected
             if any(pause.holds(*keys[event_id]) for pause in pauses)
-        }
+        }, sink_paused
 
-    async def _sink_pauses(self, outcomes: Mapping[str, Outcome]) -> None:
+    async def _sink_pauses(self, outcomes: Mapping[str, Outcome]) -> set[Key]:
         """Store each pause the sink asked for (a webhook endpoint's 410), once per claim,
-        with its audit row; its rows were held, not dead-lettered. A pause PostgreSQL refuses
-        is logged: the sink holds its endpoint meanwhile and asks again on its next 410."""
+        with its audit row, unless it is in force already (another claim, another replica
+        or an operator stored it: one pause, one audit row); its rows were held, not
+        dead-lettered. The pauses in force now, which hold those rows from here on. A pause
+        PostgreSQL refuses is logged: the rows come back after their own delay, and the
+        endpoint's next 410 asks again."""
         asked = {
             outcome.pause: outcome.error
             for outcome in outcomes.values()
             if isinstance(outcome, Held) and outcome.pause is not None
         }
+        stored: set[Key] = set()
         for (queue, job_type), error in asked.items():
             reason = f"the sink asked for it: {error}"
             try:
-                inserted = await self.store.pause(queue, job_type, reason, self.actor)
+                inserted = await self.store.pause_insert(queue, job_type, reason, self.actor)
             except (DatabaseUnavailable, StatementError) as exc:
                 self._log.error(
                     "relay.sink_pause_failed", queue=queue, type=job_type, error=str(exc)
                 )
                 continue
-            self.metrics.sink_pauses.inc()
-            self._log.error(
-                "relay.sink_paused", queue=queue, type=job_type, reason=reason, new=inserted
-            )
+            stored.add((queue, job_type))
+            if inserted:
+                self.metrics.sink_pauses.inc()
+                self._log.error("relay.sink_paused", queue=queue, type=job_type, reason=reason)
+        return stored
 
     async def store_pauses(self) -> None:
         """Store the pause of every queue and type the guard holds without one, each with its
@@ -243,7 +251,8 @@ class StormHold:
         try:
             for key in self.guard.unstored():
                 trip = self.guard.trips[key]
-                inserted = await self.store.pause(key[0], key[1], trip.reason(key), self.actor)
+                reason = trip.reason(key)
+                inserted = await self.store.pause_insert(key[0], key[1], reason, self.actor)
                 self.guard.stored(key, loop.time())
                 self._log.warning(
                     "relay.poison_storm_paused", queue=key[0], type=key[1], new=inserted

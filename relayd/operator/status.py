@@ -83,7 +83,8 @@ class Count:
 
 @dataclass(frozen=True, slots=True)
 class HeldByPause:
-    """A pause, and how many of the first pending rows (in claim order) it holds."""
+    """A pause, and how many of the first due rows (in claim order) it holds: the rows the
+    backlog counts as paused."""
 
     pause: Pause
     rows: int
@@ -330,8 +331,8 @@ def render_text(report: StatusReport) -> str:
             right=(2,),
         )
         lines.append(
-            f"  (held: pending rows it holds among the first {backlog.bound:,} in claim "
-            "order; `relayd held list` shows them)"
+            f"  (held: due rows it holds among the first {backlog.bound:,} in claim order, "
+            "counted as paused above; `relayd held list` shows them, and those in a backoff)"
         )
 
     stale = f"stale: no heartbeat for more than {age(report.stale_after_s)}"

@@ -234,6 +234,12 @@ class SinkSettings(Section):
         """Where rows go, in words an operator recognises (a URL, servers and a stream)."""
         raise NotImplementedError
 
+    @classmethod
+    def without_connection_keys(cls, table: Mapping[str, object]) -> dict[str, object]:
+        """`[sink]` as a table of keys, less those only the connection reads
+        (`connection_keys`): what a producer validates, unread secrets and all."""
+        return {key: value for key, value in table.items() if key not in cls.connection_keys}
+
     def refuses(self, envelope: Envelope) -> DeadLetter | None:
         """What this kind refuses to send, decided from the envelope alone (no route for
         its type, a message over the kind's own bound): the dead letter the relay would

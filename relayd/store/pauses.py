@@ -41,16 +41,28 @@ class PauseQueries(DeadLetterQueries):
                 inserted: bool = await conn.fetchval(
                     self._q["pause_upsert"], str(self.table), queue, job_type, reason, actor
                 )
-                with _translated("audit_note"):
-                    await conn.execute(
-                        self._q["audit_note"],
-                        str(self.table),
-                        actor,
-                        PauseAction.PAUSE.value,
-                        json.dumps({"queue": queue, "type": job_type}),
-                        reason,
-                    )
+                await self._audit_note(
+                    conn, PauseAction.PAUSE, queue, job_type, reason=reason, actor=actor
+                )
         return inserted
+
+    async def pause_insert(self, queue: str, job_type: str, reason: str, actor: str) -> bool:
+        """Pause `queue` and `job_type` unless they are paused already, and audit it, in one
+        transaction: True if it paused them; False, and nothing written, if they were
+        paused. relayd's own pauses (the sink's, the poison-storm guard's) go through it: many
+        claims and replicas may ask for the same pause at once, and one pause is one audit
+        row, never one per asker, nor an operator's reason overwritten."""
+        with _translated("pause_insert"):
+            async with self._pool.acquire() as conn, conn.transaction():
+                inserted: bool | None = await conn.fetchval(
+                    self._q["pause_insert"], str(self.table), queue, job_type, reason, actor
+                )
+                if not inserted:
+                    return False
+                await self._audit_note(
+                    conn, PauseAction.PAUSE, queue, job_type, reason=reason, actor=actor
+                )
+        return True
 
     async def resume(
         self, queue: str, job_type: str, actor: str, reason: str | None = None
@@ -65,17 +77,32 @@ class PauseQueries(DeadLetterQueries):
                 )
                 if record is None:
                     return None
-                with _translated("audit_note"):
-                    await conn.execute(
-                        self._q["audit_note"],
-                        str(self.table),
-                        actor,
-                        PauseAction.RESUME.value,
-                        json.dumps({"queue": queue, "type": job_type}),
-                        reason,
-                    )
+                await self._audit_note(
+                    conn, PauseAction.RESUME, queue, job_type, reason=reason, actor=actor
+                )
                 await conn.fetchval(self._q["outbox_notify"], self.table.channel)
         return self._pause(record)
+
+    async def _audit_note(  # noqa: PLR0913 - the audit row's columns
+        self,
+        conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record],
+        action: PauseAction,
+        queue: str,
+        job_type: str,
+        *,
+        reason: str | None,
+        actor: str,
+    ) -> None:
+        """The audit row of a pause or a resume, in the caller's transaction."""
+        with _translated("audit_note"):
+            await conn.execute(
+                self._q["audit_note"],
+                str(self.table),
+                actor,
+                action.value,
+                json.dumps({"queue": queue, "type": job_type}),
+                reason,
+            )
 
     async def pauses(self) -> list[Pause]:
         """The pauses in force for this outbox."""

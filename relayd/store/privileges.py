@@ -194,6 +194,8 @@ STATEMENTS: Mapping[str, Needs] = {
     "audit_extend": {Obj.AUDIT: ("SELECT", "UPDATE")},
     # INSERT ... ON CONFLICT DO UPDATE ... RETURNING.
     "pause_upsert": {Obj.PAUSES: ("SELECT", "INSERT", "UPDATE")},
+    # INSERT ... ON CONFLICT DO NOTHING: the conflict's arbiter index is read.
+    "pause_insert": {Obj.PAUSES: ("SELECT", "INSERT")},
     "pause_delete": {Obj.PAUSES: ("SELECT", "DELETE")},
     "queue_use": _BY_QUEUE,
     # Held rows: pending rows a pause holds, read and discarded with the pauses' sets.
@@ -272,8 +274,8 @@ TASKS: Mapping[Role, tuple[Task, ...]] = {
         Task("the backlog gauges and /v1/status", _STATUS[3:]),
         Task("its heartbeat in relayd_instances", ("heartbeat", "heartbeat_delete")),
         Task(
-            "the poison-storm guard's pause, and the pauses a rejection meets",
-            ("pause_upsert", "audit_note", "pauses_list"),
+            "the poison-storm guard's and the sink's pauses, and the pauses a rejection meets",
+            ("pause_insert", "audit_note", "pauses_list"),
         ),
         Task("retention cleanup (cleanup.enabled)", ("delete_published",), cleanup_only=True),
     ),

@@ -338,7 +338,7 @@ async def test_check_names_each_grant_taken_away(
     # The command itself: exit 1, the privilege named on the privileges line.
     owner = await asyncpg.connect(roles.dsn(Role.MIGRATOR))
     try:
-        await owner.execute(f'REVOKE UPDATE ON relayd.relayd_pauses FROM "{roles.names[role]}"')
+        await owner.execute(f'REVOKE INSERT ON relayd.relayd_pauses FROM "{roles.names[role]}"')
     finally:
         await owner.close()
     env = roles.env(cli_env, role, emulator.url)
@@ -346,7 +346,7 @@ async def test_check_names_each_grant_taken_away(
     assert code == 1
     [line] = [line for line in out.splitlines() if line.startswith("fail")]
     assert "privileges" in line
-    assert "UPDATE on table relayd.relayd_pauses" in line
+    assert "INSERT on table relayd.relayd_pauses" in line
 
 
 async def _check(roles: Roles, role: Role, sink_url: str) -> list[CheckLine]:

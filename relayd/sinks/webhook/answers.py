@@ -44,9 +44,10 @@ _UUID_CHARS = 36
 SLOW_STATUSES = frozenset({408, 425, 429, 502, 503, 504})
 # Answers that say the endpoint, or the secret it verifies with, is wrong: every row would
 # get the same, so they are the sink's failure, and an operator's to fix.
+# ({secret} is the key of the endpoint's secret file.)
 ENDPOINT_STATUSES = {
-    401: "check sink.secret_file: the receiver refused the signature",
-    403: "check sink.secret_file: the receiver refused the signature",
+    401: "check {secret}: the receiver refused the signature",
+    403: "check {secret}: the receiver refused the signature",
     404: "check sink.url and sink.routes",
     405: "check sink.url and sink.routes",
     407: "a proxy asks for credentials",
@@ -57,9 +58,13 @@ _ROW_REASONS = {413: DeadReason.SINK_TOO_LARGE, 422: DeadReason.SINK_UNPROCESSAB
 # up to the last; a Retry-After is honoured up to MAX_SLOW_S.
 FIRST_SLOW_S = 1.0
 MAX_SLOW_S = 300.0
-# How long a row to an endpoint that answered 410 waits before it may be tried again (by
-# then its route's pause holds it, unless an operator resumed it).
+# How long a row that met an endpoint's 410 waits before it may be tried again when the pause
+# that answer asked for could not be stored (once it is stored, the pause holds the row, and
+# the row is due again as soon as an operator lifts it: relayd/engine/settle.py).
 GONE_RETRY_S = 60.0
+# How long a row claimed before an endpoint's 410, and not sent, waits: the pause holds it
+# by then; if the pause could not be stored, the row is sent and meets the 410 itself.
+GONE_HOLD_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +148,11 @@ def event_time(envelope: Envelope) -> str | None:
     return f"{seconds}.{millis % 1000:03d}Z"
 
 
-def classify(response: Response) -> Answer:  # noqa: PLR0911 - one return per kind of answer
-    """What one answer to a delivery means."""
+def classify(  # noqa: PLR0911 - one return per kind of answer
+    response: Response, *, signed_with: str = "sink.secret_file"
+) -> Answer:
+    """What one answer to a delivery means; `signed_with` names the secret file the
+    endpoint's deliveries are signed with, for a refused signature."""
     status = response.status
     if 200 <= status < 300:
         return DELIVERED
@@ -159,7 +167,7 @@ def classify(response: Response) -> Answer:  # noqa: PLR0911 - one return per ki
         return SinkDown(f"{text} (redirects are not followed; check sink.url)", severe=True)
     hint = ENDPOINT_STATUSES.get(status)
     if hint is not None:
-        return SinkDown(f"{text} ({hint})", severe=True)
+        return SinkDown(f"{text} ({hint.format(secret=signed_with)})", severe=True)
     if 400 <= status < 500:
         return DeadLetter(_ROW_REASONS.get(status, DeadReason.SINK_REJECTED), text)
     return SinkDown(text)

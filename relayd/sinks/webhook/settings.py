@@ -1,20 +1,24 @@
 """`[sink]` with `kind = "webhook"`: Standard Webhooks deliveries over HTTP, to one `url` or
-to a URL per event type (`[[sink.routes]]`), signed with the secrets of `secret_file`.
+to a URL per event type (`[[sink.routes]]`), signed with the secrets of `secret_file`, or of
+a route's own `secret_file` (each endpoint its own secrets).
 
 Endpoints come from this configuration only, never from a row. The secrets are read at load
-(and followed when the file is rewritten: relayd/config/secret_files.py) and never shown: not in a
-repr, a log line or an error.
+(and followed when a file is rewritten: relayd/config/secret_files.py) and never shown: not in
+a repr, a log line or an error.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import AfterValidator, Field, PrivateAttr, field_validator, model_validator
 
 from relayd.config.base import (
     MAX_DURATION_S,
@@ -27,15 +31,32 @@ from relayd.config.base import (
 from relayd.config.secret_files import SecretFileError, read_secret_file
 from relayd.core.errors import ConfigError
 from relayd.sinks import RouteType, SinkSettings
+from relayd.sinks.http.urls import hidden_parts, redact_url
 from relayd.sinks.webhook.signing import SecretsError, SigningKeys, parse_secrets
 
 _MAX_URL_CHARS = 2048
 
 
-def _no_secret() -> ConfigError:
-    return ConfigError(
-        "sink.secret_file", "required (a file of whsec_ secrets, one per line, to sign deliveries)"
-    )
+def _no_secret(unsigned: str | None = None) -> ConfigError:
+    reason = "required (a file of whsec_ secrets, one per line, to sign deliveries)"
+    if unsigned is not None:
+        reason += f": {unsigned} has no secret_file of its own"
+    return ConfigError("sink.secret_file", reason)
+
+
+@dataclass(frozen=True, slots=True)
+class SecretFile:
+    """One secret file as read at load: the key that names it (`sink.secret_file`,
+    `sink.routes.N.secret_file`), its path, and its text (never shown)."""
+
+    key: str
+    path: Path
+    text: str = field(repr=False)
+
+
+def _file(path: Path | None) -> str | None:
+    """A secret file as compared: the same file written two ways is one."""
+    return None if path is None else os.path.abspath(path)
 
 
 def endpoint_url(value: str) -> str:
@@ -56,6 +77,18 @@ def endpoint_url(value: str) -> str:
     return value
 
 
+def _pattern(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ValueError(f"not a regular expression: {exc}") from None
+    return value
+
+
+# One of `sink.secret_path_patterns`: a regular expression a whole path segment must match.
+SegmentPattern = Annotated[str, AfterValidator(_pattern)]
+
+
 def check_secret_text(path: Path, text: str) -> str:
     """`text` if it holds usable `whsec_` lines; `SecretFileError` naming the file and line
     otherwise (the check the running sink applies to a rewritten file)."""
@@ -72,10 +105,12 @@ def read_secrets_file(path: Path) -> str:
 
 
 class WebhookRoute(Section):
-    """`[[sink.routes]]`: events of `type` are delivered to `url`."""
+    """`[[sink.routes]]`: events of `type` are delivered to `url`, signed with the secrets of
+    `secret_file` (None: those of `sink.secret_file`)."""
 
     type: RouteType
     url: str
+    secret_file: Path | None = None
 
     @field_validator("url")
     @classmethod
@@ -94,6 +129,11 @@ class WebhookSettings(SinkSettings):
     # either way.
     ca_file: Path | None = None
     connect_timeout_s: float = Field(default=3.0, gt=0, le=MAX_DURATION_S)
+    # Path segments hidden wherever relayd shows an endpoint (logs, last_error, a pause's
+    # reason, `relayd status`, `relayd check`): regular expressions, each matching a whole
+    # segment, besides the segments that look like a secret and the query string, which are
+    # always hidden (relayd/sinks/http/urls.py).
+    secret_path_patterns: tuple[SegmentPattern, ...] = ()
 
     sink_class: ClassVar[str] = "relayd.sinks.webhook.sink:WebhookSink"
     demo: ClassVar[str | None] = "relayd.demo.webhook:WebhookDemo"
@@ -104,16 +144,33 @@ class WebhookSettings(SinkSettings):
 
     _keys: SigningKeys | None = PrivateAttr(default=None)
     _secret_text: str | None = PrivateAttr(default=None)
+    # Each route's own secret file as read at load, by route index.
+    _route_secrets: dict[int, SecretFile] = PrivateAttr(default_factory=dict)
+    _patterns: tuple[re.Pattern[str], ...] = PrivateAttr(default=())
+
+    @classmethod
+    def without_connection_keys(cls, table: Mapping[str, object]) -> dict[str, object]:
+        """As for every kind, and each route's own `secret_file` too."""
+        kept = super().without_connection_keys(table)
+        routes = kept.get("routes")
+        if isinstance(routes, list | tuple):
+            kept["routes"] = [
+                {key: value for key, value in route.items() if key != "secret_file"}
+                if isinstance(route, Mapping)
+                else route
+                for route in routes
+            ]
+        return kept
 
     @field_validator("url")
     @classmethod
     def _valid_url(cls, value: str | None) -> str | None:
         return None if value is None else endpoint_url(value)
 
-    @field_validator("routes", mode="before")
+    @field_validator("routes", "secret_path_patterns", mode="before")
     @classmethod
-    def _routes_from_text(cls, value: object) -> object:
-        # The environment gives text: a JSON array of {"type", "url"}.
+    def _array_from_text(cls, value: object) -> object:
+        # The environment gives text: a JSON array (of {"type", "url"}, of patterns).
         if not isinstance(value, str):
             return value
         try:
@@ -138,6 +195,29 @@ class WebhookSettings(SinkSettings):
         return self
 
     @model_validator(mode="after")
+    def _one_secret_per_endpoint(self) -> WebhookSettings:
+        # An endpoint verifies one set of secrets: every route to a URL (and sink.url) must
+        # sign with the same file, or a receiver would refuse some of its deliveries.
+        signer: dict[str, tuple[str, str | None]] = {}
+        if self.url is not None:
+            signer[self.url] = ("sink.url", _file(self.secret_file))
+        for index, route in enumerate(self.routes):
+            path = _file(route.secret_file or self.secret_file)
+            first = signer.setdefault(route.url, (f"sink.routes.{index}", path))
+            if first[1] != path:
+                raise KeyedError(
+                    f"sink.routes.{index}.secret_file",
+                    f"its url is also {first[0]}'s, signed with another secret file "
+                    "(an endpoint verifies one set of secrets)",
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _compile_patterns(self) -> WebhookSettings:
+        self._patterns = tuple(re.compile(pattern) for pattern in self.secret_path_patterns)
+        return self
+
+    @model_validator(mode="after")
     def _read_files(self) -> WebhookSettings:
         # Read while validating, so that any WebhookSettings, however built, is complete.
         if not sink_files_read():
@@ -146,6 +226,11 @@ class WebhookSettings(SinkSettings):
             text = read_secret(self.secret_file, "sink.secret_file", read=read_secrets_file)
             self._secret_text = text
             self._keys = parse_secrets(text)
+        for index, route in enumerate(self.routes):
+            if route.secret_file is not None:
+                key = f"sink.routes.{index}.secret_file"
+                text = read_secret(route.secret_file, key, read=read_secrets_file)
+                self._route_secrets[index] = SecretFile(key, route.secret_file, text)
         if self.ca_file is not None:
             readable_file(self.ca_file, "sink.ca_file")
         return self
@@ -157,19 +242,24 @@ class WebhookSettings(SinkSettings):
             raise _no_secret()
         return self._keys
 
-    @property
-    def secret_path(self) -> Path:
-        """`secret_file`; `ConfigError` if it is not set."""
-        if self.secret_file is None:
-            raise _no_secret()
-        return self.secret_file
-
-    @property
-    def secret_text(self) -> str:
-        """The secret file's text as read at load (the sink follows the file from there)."""
-        if self._secret_text is None:
-            raise _no_secret()
-        return self._secret_text
+    def signing(self) -> dict[str, SecretFile]:
+        """The secret file each endpoint is signed with, by URL, as read at load (the sink
+        follows each file from there): a route's own `secret_file`, else `sink.secret_file`.
+        `ConfigError` naming `sink.secret_file` if an endpoint has neither."""
+        shared = None
+        if self.secret_file is not None and self._secret_text is not None:
+            shared = SecretFile("sink.secret_file", self.secret_file, self._secret_text)
+        files: dict[str, SecretFile] = {}
+        if self.url is not None:
+            if shared is None:
+                raise _no_secret("sink.url")
+            files[self.url] = shared
+        for index, route in enumerate(self.routes):
+            own = self._route_secrets.get(index, shared)
+            if own is None:
+                raise _no_secret(f"sink.routes.{index}")
+            files.setdefault(route.url, own)
+        return files
 
     @property
     def endpoints(self) -> dict[str, str]:
@@ -181,6 +271,17 @@ class WebhookSettings(SinkSettings):
         """Every endpoint, once, sorted."""
         return sorted({route.url for route in self.routes} | ({self.url} if self.url else set()))
 
+    def shown(self, url: str) -> str:
+        """An endpoint as relayd shows it, its secret-looking parts hidden (`redact_url`)."""
+        return redact_url(url, self._patterns)
+
+    @property
+    def hidden(self) -> tuple[str, ...]:
+        """What `shown` hides of every endpoint, longest first: a receiver's answer that
+        echoes its URL is cleaned of these before any of it is kept."""
+        parts = {part for url in self.urls for part in hidden_parts(url, self._patterns)}
+        return tuple(sorted(parts, key=len, reverse=True))
+
     @property
     def target(self) -> str:
         if self.url is None and not self.routes:
@@ -188,4 +289,4 @@ class WebhookSettings(SinkSettings):
                 "sink.url",
                 "required: the receiver's URL, or [[sink.routes]] (type and url) per type",
             )
-        return ", ".join(self.urls)
+        return ", ".join(self.shown(url) for url in self.urls)

@@ -4,7 +4,7 @@
 A signature is `v1,<base64 of HMAC-SHA256(key, "<id>.<timestamp>.<body>")>`; a delivery
 carries one per active secret, separated by spaces, so that a receiver that knows any one of
 them verifies it: an operator rotates a secret by adding the new line, moving the receiver
-over, then removing the old line (docs/operations.md#webhook-secrets). Any Standard Webhooks
+over, then removing the old line (docs/webhooks.md#secrets-and-rotation). Any Standard Webhooks
 library verifies these headers (the tests use the `standardwebhooks` package).
 
 No function here puts a secret, or a piece of one, in the text of an error.

@@ -10,7 +10,7 @@ secret is ever put in a log line, an error or a metric.
 from __future__ import annotations
 
 import asyncio
-import functools
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,7 +32,9 @@ from relayd.core.rows import ClaimedRow
 from relayd.sinks import Capabilities, ExchangeObserver, SendWindow, SinkHealth, report
 from relayd.sinks.http.answers import Response
 from relayd.sinks.http.exchange import exchange, new_session
+from relayd.sinks.http.urls import REDACTED
 from relayd.sinks.webhook.answers import (
+    GONE_HOLD_S,
     GONE_RETRY_S,
     HEADER_ID,
     HEADER_SIGNATURE,
@@ -44,7 +46,7 @@ from relayd.sinks.webhook.answers import (
     delivery_for,
     slow_delay_s,
 )
-from relayd.sinks.webhook.settings import WebhookSettings, check_secret_text
+from relayd.sinks.webhook.settings import SecretFile, WebhookSettings, check_secret_text
 from relayd.sinks.webhook.signing import SigningKeys, parse_secrets, signature_header
 from relayd.telemetry.logs import get_logger
 
@@ -52,6 +54,7 @@ from relayd.telemetry.logs import get_logger
 # streams an endless body must not hold the attempt.
 MAX_ANSWER_BYTES = 64 * 1024
 
+REDACTED_BYTES = REDACTED.encode()
 # The answers with which a receiver refuses our signature: the secret file is read again.
 _REFUSED_SIGNATURE = frozenset({401, 403})
 # What C2 means for webhooks (docs/contract.md), as `relayd check` says it.
@@ -64,19 +67,38 @@ _CAPABILITIES = Capabilities(batches=False, reconcile_by_id=False)
 @dataclass(slots=True)
 class _Endpoint:
     """What one endpoint said lately: left alone until `quiet_until` (loop time) after a
-    slow-down (`slowed` in a row) or a 410 (`gone`)."""
+    slow-down (`slowed` in a row); `gone_at`, when it last answered 410 Gone."""
 
     quiet_until: float = float("-inf")
     slowed: int = 0
-    gone: bool = False
+    gone_at: float = float("-inf")
+
+
+class _Signer:
+    """The signing keys of one secret file, following the file (`TokenFile`), parsed once
+    per text it holds."""
+
+    def __init__(self, secret: SecretFile, clock: Callable[[], float]) -> None:
+        self.key = secret.key
+        self.file = TokenFile(secret.path, secret.text, check=check_secret_text, clock=clock)
+        self._text = secret.text
+        self._keys = parse_secrets(secret.text)
+
+    async def keys(self) -> SigningKeys:
+        text = await self.file.current()
+        if text != self._text:
+            self._text, self._keys = text, parse_secrets(text)
+        return self._keys
 
 
 class WebhookSink:
     """Delivers rows as signed webhooks to the endpoints of `[sink]`.
 
-    Nothing is sent once the claim's `SendWindow` is closed (C4). The signing secrets follow
-    `sink.secret_file` when an operator rewrites it: the file is looked at (off the loop) no
-    more than once a second, and at once after a 401/403 (relayd/config/secret_files.py).
+    Nothing is sent once the claim's `SendWindow` is closed (C4). Each endpoint is signed
+    with the secrets of its secret file (its route's own, else `sink.secret_file`), and each
+    file is followed on its own when an operator rewrites it: looked at (off the loop) no
+    more than once a second, and at once after its endpoint answers 401/403
+    (relayd/config/secret_files.py).
     """
 
     def __init__(
@@ -95,11 +117,18 @@ class WebhookSink:
         self._observe = observe
         # The wall clock of webhook-timestamp (receivers compare it with theirs).
         self._clock = clock
-        # The secret file's looks are timed on `files_clock` (monotonic).
-        self._secrets = TokenFile(
-            settings.secret_path, settings.secret_text, check=check_secret_text, clock=files_clock
-        )
+        # One signer per secret file, shared by the endpoints signed with it; the files'
+        # looks are timed on `files_clock` (monotonic).
+        by_file: dict[str, _Signer] = {}
+        self._signers: dict[str, _Signer] = {}  # by endpoint URL
+        for url, secret in settings.signing().items():
+            path = os.path.abspath(secret.path)
+            if path not in by_file:
+                by_file[path] = _Signer(secret, files_clock)
+            self._signers[url] = by_file[path]
+        self._files = list(by_file.values())
         self._endpoints: dict[str, _Endpoint] = {}
+        self._hidden = tuple(part.encode() for part in settings.hidden)
         self._session: aiohttp.ClientSession | None = None
         self._log = get_logger("sink")
 
@@ -142,13 +171,18 @@ class WebhookSink:
     async def check(self) -> tuple[bool, str]:
         """The secrets parse and each endpoint accepts a connection. Nothing is POSTed: a
         probe would be a delivery a receiver must verify and store."""
-        keys = await self._keys()
+        count = sum([len((await signer.keys()).keys) for signer in self._files])
         for url in self._settings.urls:
             answer = await self._exchange("HEAD", url, None, {})
             if isinstance(answer, SinkDown):
-                return False, f"{url} unreachable: {answer.error}"
-        count = len(keys.keys)
+                return False, f"{self._settings.shown(url)} unreachable: {answer.error}"
         secrets = f"{count} signing secret{'s' if count > 1 else ''}"
+        if len(self._files) > 1:
+            keys = ", ".join(signer.key for signer in self._files)
+            secrets += f" in {len(self._files)} files ({keys})"
+        horizon_s = self._settings.retry_horizon_s
+        if horizon_s is not None:
+            secrets += f"; retry horizon {horizon_s:g}s: keep each webhook-id at least that long"
         return True, f"endpoints answer; {secrets}; {DELIVERY_GUARANTEE}"
 
     # --- one row ---
@@ -159,11 +193,18 @@ class WebhookSink:
             return delivery  # decided here, nothing sent: nothing to tell the breaker
         endpoint = self._endpoints.setdefault(delivery.url, _Endpoint())
         loop = asyncio.get_running_loop()
+        if _claimed_before(window, endpoint.gone_at):
+            # Claimed before the endpoint's 410: the pause that answer asked for holds the
+            # row from now on. A row claimed after it is sent: only a lifted pause (or one
+            # not stored yet) lets a claim return it, and no timer of this process may
+            # outlast an operator's resume.
+            shown = self._settings.shown(delivery.url)
+            return Held(f"not sent: {shown} answered 410 Gone", retry_after_s=GONE_HOLD_S)
         quiet_s = endpoint.quiet_until - loop.time()
         if quiet_s > 0:
-            why = "answered 410 Gone" if endpoint.gone else "asked to slow down"
-            return Held(f"not sent: the endpoint {why}", retry_after_s=quiet_s)
-        keys = await self._keys()
+            return Held("not sent: the endpoint asked to slow down", retry_after_s=quiet_s)
+        signer = self._signers[delivery.url]
+        keys = await signer.keys()
         if window.closed():
             return NotStarted()
         timestamp_s = int(self._clock())
@@ -176,10 +217,9 @@ class WebhookSink:
         if isinstance(answer, SinkDown):
             return report(self._health, answer)
         if answer.status in _REFUSED_SIGNATURE:
-            await self._secrets.refresh()  # the operator may have rotated the secret
-        return report(
-            self._health, self._answered(endpoint, delivery, classify(answer), loop.time())
-        )
+            await signer.file.refresh()  # the operator may have rotated the secret
+        classified = classify(answer, signed_with=signer.key)
+        return report(self._health, self._answered(endpoint, delivery, classified, loop.time()))
 
     def _answered(
         self,
@@ -191,14 +231,15 @@ class WebhookSink:
         """The outcome of the endpoint's answer, and what it asks of the next deliveries to
         it: left alone for a while after a 410 or a slow-down, no longer after a 2xx."""
         if isinstance(answer, Published):
-            endpoint.slowed, endpoint.gone = 0, False
+            endpoint.slowed = 0
             return answer
         if isinstance(answer, SinkDown):
             return answer
         if isinstance(answer, Gone):
-            endpoint.gone, endpoint.quiet_until = True, now + GONE_RETRY_S
-            self._log.error("sink.webhook_gone", url=delivery.url, pause=list(delivery.pause))
-            error = f"{delivery.url} answered {answer.error}"
+            endpoint.gone_at = now
+            shown = self._settings.shown(delivery.url)
+            self._log.error("sink.webhook_gone", url=shown, pause=list(delivery.pause))
+            error = f"{shown} answered {answer.error}"
             return Held(error, retry_after_s=GONE_RETRY_S, pause=delivery.pause)
         if isinstance(answer, SlowDown):
             # Requests in flight together answer together: only the first slow answer after
@@ -207,13 +248,13 @@ class WebhookSink:
                 endpoint.slowed += 1
             delay_s = slow_delay_s(answer.retry_after_s, endpoint.slowed)
             endpoint.quiet_until = max(endpoint.quiet_until, now + delay_s)
-            self._log.warning("sink.webhook_slowed", url=delivery.url, delay_s=round(delay_s, 3))
+            self._log.warning(
+                "sink.webhook_slowed",
+                url=self._settings.shown(delivery.url),
+                delay_s=round(delay_s, 3),
+            )
             return Held(f"slowed down: {answer.error}", retry_after_s=delay_s)
         return answer
-
-    async def _keys(self) -> SigningKeys:
-        """The keys of the secret file's current text (parsed once per text)."""
-        return _parsed(await self._secrets.current())
 
     # --- transport ---
 
@@ -231,9 +272,20 @@ class WebhookSink:
             limit_bytes=MAX_ANSWER_BYTES,
             check="sink.url and sink.routes",
             observe=self._observe,
+            answered=self._answered_body if self._hidden else None,
         )
 
+    async def _answered_body(self, status: int, content: bytes) -> bytes:
+        """An answer's body, cleaned of what relayd hides of its endpoints' URLs: an error
+        page that echoes the URL it was called on must not put a token in last_error."""
+        if 200 <= status < 300:
+            return content
+        for part in self._hidden:
+            content = content.replace(part, REDACTED_BYTES)
+        return content
 
-@functools.lru_cache(maxsize=4)
-def _parsed(text: str) -> SigningKeys:
-    return parse_secrets(text)
+
+def _claimed_before(window: SendWindow, when: float) -> bool:
+    """Whether the claim of `window` was answered before `when` (loop time); a window made
+    outside a claim opens now."""
+    return window.opened_at is not None and window.opened_at <= when

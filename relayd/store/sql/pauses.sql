@@ -16,6 +16,16 @@ SET reason = excluded.reason,
     paused_by = excluded.paused_by
 RETURNING (xmax = 0) AS inserted;  -- xmax is 0 on a freshly inserted row version
 
+-- name: pause_insert
+-- Pause a queue and a job type unless they are paused already (relayd's own pauses: the
+-- sink's and the poison-storm guard's): an existing pause keeps its reason, its actor and
+-- its audit trail. Returns true if it paused them, nothing if they were paused.
+-- params: $1 outbox table text, $2 queue text, $3 type text, $4 reason text, $5 actor text
+INSERT INTO @schema@.relayd_pauses (outbox_table, queue, type, reason, paused_by)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (outbox_table, queue, type) DO NOTHING
+RETURNING true AS inserted;
+
 -- name: pause_delete
 -- Lift one pause; returns it, or nothing if that queue and type were not paused.
 -- params: $1 outbox table text, $2 queue text, $3 type text

@@ -162,14 +162,17 @@ GROUP BY 1
 ORDER BY rows DESC, reason;
 
 -- name: pauses_held
--- `relayd status`: for each pause of this outbox, how many of the first $2 pending rows in
--- claim order it holds (bounded like the sampler: the first $2 entries of the claim index
--- are read once, whatever the number of pauses). Pauses of every queue and type included.
+-- `relayd status`: for each pause of this outbox, how many of the first $2 due rows in claim
+-- order it holds: the rows backlog_sample counts as paused (held_rows), read the same way,
+-- so that a lone pause holds exactly the backlog's paused rows. A row in a backoff, or
+-- leased, is counted by its own state, held or not. Bounded like the sampler: the first $2
+-- due entries of the claim index are read once, whatever the number of pauses. Pauses of
+-- every queue and type included.
 -- params: $1 outbox table text, $2 bound int
 WITH sampled AS (
     SELECT @schema@.relayd_effective_queue(job) AS queue, coalesce(job ->> 'type', '') AS type
     FROM @outbox@
-    WHERE published_at IS NULL AND dead_at IS NULL
+    WHERE published_at IS NULL AND dead_at IS NULL AND available_at <= now()
     ORDER BY available_at, event_id
     LIMIT $2
 )

@@ -107,11 +107,17 @@ async def test_rejections_of_one_queue_and_type_pause_only_them(
     assert await _count(conn, "published_at IS NULL AND dead_at IS NULL") == held
     assert not set(bad) & _stored(emulator)
 
-    # 3.
+    # 3. (the held rows' backoffs moved past in SQL: each is due, so the pause holds it now)
+    await conn.execute(
+        "UPDATE relayd.outbox SET available_at = now() - interval '1 second' "
+        "WHERE published_at IS NULL AND dead_at IS NULL"
+    )
     code, out, err = await run_relayd("status", "--json", env=env)
     assert (code, err) == (0, "")
-    [shown] = json.loads(out)["pauses"]
+    status = json.loads(out)
+    [shown] = status["pauses"]
     assert (shown["queue"], shown["type"], shown["held_rows"]) == ("orders", "order.fulfill", held)
+    assert status["backlog"]["rows"]["paused"] == held
     code, out, err = await run_relayd(
         "held", "list", "--queue", "orders", "--limit", "1000", "--json", env=env
     )
@@ -242,8 +248,8 @@ async def test_a_guard_that_cannot_store_its_pause_holds_the_key_itself(
         assert dead < WINDOW
         assert not set(bad) & _stored(emulator)
 
-        # 2. (UPDATE: the pause is an upsert; the audit row takes a number from a sequence)
-        await conn.execute(f"GRANT INSERT, UPDATE ON relayd.relayd_pauses TO {relay_role}")
+        # 2. (INSERT: the pause; the audit row takes a number from a sequence)
+        await conn.execute(f"GRANT INSERT ON relayd.relayd_pauses TO {relay_role}")
         await conn.execute(f"GRANT USAGE ON SEQUENCE relayd.relayd_audit_id_seq TO {relay_role}")
 
         async def stored() -> bool:

@@ -1,6 +1,7 @@
 """Pauses on real PostgreSQL: every running relay obeys `relayd pause` from its next claim,
 `relayd resume` restarts them (and wakes idle ones with a NOTIFY), a queue can be paused
-alone, and the store's pause (the poison-storm guard's) writes its audit row with it."""
+alone, an operator's pause writes its audit row with it, and relayd's own pause is written
+and audited once however many ask for it."""
 
 from __future__ import annotations
 
@@ -174,6 +175,32 @@ async def test_store_pause_writes_the_pause_and_its_audit_row_together(
     assert await store.claim(10, uuid.uuid4(), 30.0) == []
     assert await store.resume("*", "*", "alice") is not None
     assert len(await store.claim(10, uuid.uuid4(), 30.0)) == 3
+
+
+async def test_relayds_own_pause_is_written_once_and_never_overwrites(
+    conn: asyncpg.Connection, store: Store
+) -> None:
+    """`Store.pause_insert` (the sink's and the poison-storm guard's): the first asker
+    pauses, with one audit row; every later asker of the same pause, and one of a pause an
+    operator wrote, changes and audits nothing; once lifted, it may pause again."""
+    reason = "the sink asked for it: https://r.example/gone answered HTTP 410"
+    assert await store.pause_insert("*", "order.lost", reason, "relayd@a") is True
+    assert await store.pause_insert("*", "order.lost", reason, "relayd@b") is False
+    assert await store.pause_insert("*", "order.lost", "another 410", "relayd@a") is False
+    await store.pause("mail", "*", "maintenance", "alice")
+    assert await store.pause_insert("mail", "*", "poison storm: ...", "relayd@a") is False
+    pauses = {(p.queue, p.type): (p.reason, p.paused_by) for p in await store.pauses()}
+    assert pauses == {
+        ("*", "order.lost"): (reason, "relayd@a"),
+        ("mail", "*"): ("maintenance", "alice"),
+    }
+    audit = await conn.fetch("SELECT actor, action, reason FROM relayd.relayd_audit ORDER BY id")
+    assert [tuple(r.values()) for r in audit] == [
+        ("relayd@a", "pause", reason),
+        ("alice", "pause", "maintenance"),
+    ]
+    assert await store.resume("*", "order.lost", "alice") is not None
+    assert await store.pause_insert("*", "order.lost", "410 again", "relayd@b") is True
 
 
 async def test_queue_use_reads_rows_in_any_state_up_to_its_bound(

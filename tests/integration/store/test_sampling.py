@@ -208,3 +208,17 @@ async def test_status_report_lists_every_part(store: Store, conn: asyncpg.Connec
         for held in report.pauses
     ] == [("mail", "*", "test", "pytest", 2)]
     assert report.backlog.paused == 2
+
+
+async def test_a_pauses_held_rows_are_the_backlogs_paused_rows(
+    store: Store, conn: asyncpg.Connection
+) -> None:
+    """A pause over rows in every state: its held count is the backlog's paused count (its
+    due rows), and the rows in a backoff or leased stay counted as scheduled and leased, so
+    that `relayd status` adds up."""
+    await rows_in_every_state(conn)
+    await conn.execute(PAUSE, "orders")
+    report = await build_report(store, sample_interval_s=5.0, lease_s=LEASE_S)
+    assert [(held.pause.queue, held.rows) for held in report.pauses] == [("orders", 3)]
+    assert report.backlog.paused == 3
+    assert report.backlog.by_state() == {"ready": 2, "scheduled": 3, "leased": 2, "dead": 2}

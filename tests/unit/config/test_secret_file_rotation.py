@@ -112,6 +112,50 @@ async def test_a_look_that_hangs_holds_requests_a_bounded_time(
         stuck.set()
 
 
+class _SpinGuard(_Clock):
+    """A clock that fails the test once it is read far more often than any request would:
+    a request spinning on the loop without yielding reads it without end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        if self.reads > 1000:
+            raise AssertionError("a request spins on the loop without yielding")
+        return self.now
+
+
+async def test_a_request_meeting_a_look_that_just_ended_lets_it_apply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that starts between a look's end and the moment its result is applied (its
+    callback is queued behind the request) yields to it instead of waiting, without ever
+    yielding, on a look that is already done; it then sends the file's new token. So do
+    the requests that waited for the look."""
+    path = tmp_path / "token"
+    path.write_text(NEW)
+    clock = _SpinGuard()
+    token = TokenFile(path, OLD, clock=clock)
+    loop = asyncio.get_running_loop()
+    looks: list[asyncio.Future[secret_files._Look]] = []
+
+    def held(function: Any) -> asyncio.Future[secret_files._Look]:
+        looks.append(loop.create_future())  # ended below, as a look's thread ends it
+        return looks[-1]
+
+    monkeypatch.setattr(secret_files, "_off_loop", held)
+    waiting = asyncio.ensure_future(token.current())  # starts the look and waits for it
+    await asyncio.sleep(0)
+    assert len(looks) == 1
+    # The look ends while a request is already queued to run before its callback applies it.
+    late = asyncio.ensure_future(token.current())
+    looks[0].set_result(secret_files._Look(token=NEW, signature=(1, 2, 3)))
+    async with asyncio.timeout(5):
+        assert list(await asyncio.gather(waiting, late)) == [NEW, NEW]
+
+
 async def test_refresh_looks_at_once(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text(OLD)

@@ -216,3 +216,24 @@ def test_a_retry_says_whether_anything_was_sent(outcome: Outcome, sent: bool) ->
     it for a row an earlier attempt may have delivered (a re-send)."""
     [retry] = _sorted(_row(1), outcome, sink_wide=True).retried
     assert retry.sent is sent
+
+
+def test_a_row_held_for_a_stored_sink_pause_is_due_at_once() -> None:
+    """A row that met a 410 (`Held` asking for a pause): due again at once when that pause
+    is in force, so that it is claimed as soon as an operator lifts it; after the hold's
+    delay when the pause could not be stored. Its attempt is given back either way."""
+    paused, unstored = _row(1), _row(1)
+    gone = Held("https://r.example/gone answered HTTP 410", 60.0, pause=("*", "order.lost"))
+    elsewhere = Held("https://r.example/x answered HTTP 410", 60.0, pause=("*", "order.x"))
+    settlement = plan(
+        [paused, unstored],
+        {paused.event_id: gone, unstored.event_id: elsewhere},
+        max_attempts=MAX_ATTEMPTS,
+        backoff=Backoff(base_s=1.0, cap_s=30.0, rng=random.Random(7)),
+        sink_wide=False,
+        sink_paused={("*", "order.lost")},
+    )
+    assert [(r.row, r.delay_s, r.refund) for r in settlement.retried] == [
+        (paused, 0.0, True),
+        (unstored, 60.0, True),
+    ]

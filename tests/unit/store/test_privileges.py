@@ -43,13 +43,14 @@ def test_every_statement_is_in_the_list() -> None:
 
 
 def test_what_each_role_needs() -> None:
-    """The relay writes pauses (the storm guard) and its heartbeat but never deletes pauses;
-    the operator writes the audit trail and pauses but never deletes rows or heartbeats;
-    DELETE on the outbox only with cleanup; the migrator needs CREATE on the database; a
-    producer inserts into the outbox, reads it, and calls the functions a new row does."""
+    """The relay writes pauses (the storm guard's, the sink's) and its heartbeat but never
+    changes or deletes a pause; the operator writes the audit trail and pauses but never
+    deletes rows or heartbeats; DELETE on the outbox only with cleanup; the migrator needs
+    CREATE on the database; a producer inserts into the outbox, reads it, and calls the
+    functions a new row does."""
     relay = {(g.obj, g.privileges) for g in role_grants(Role.RELAY, cleanup=True)}
     assert (Obj.OUTBOX, ("SELECT", "UPDATE", "DELETE")) in relay
-    assert (Obj.PAUSES, ("SELECT", "INSERT", "UPDATE")) in relay
+    assert (Obj.PAUSES, ("SELECT", "INSERT")) in relay
     assert (Obj.AUDIT_ID_SEQ, ("USAGE",)) in relay
     assert (Obj.SCHEMA, ("USAGE",)) in relay
     quiet = {(g.obj, g.privileges) for g in role_grants(Role.RELAY, cleanup=False)}

@@ -1,7 +1,8 @@
 """The webhook sink through the daemon, against an independent receiver that verifies every
 delivery with the `standardwebhooks` package and refuses stale timestamps: every row
 arrives and verifies (across a secret rotation too), slow-downs, drops after storing and slow
-answers lose nothing, and a 410 pauses its route, audited, dead-lettering nothing."""
+answers lose nothing, and a 410 pauses its route once, audited, dead-lettering nothing,
+until an operator's resume lets it through at once."""
 
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ from relayd.core.envelope import META_OCCURRED_AT, Envelope
 from relayd.core.outcomes import Published
 from relayd.core.rows import ClaimedRow
 from relayd.operator.check import Verdict, run_checks
+from relayd.operator.status import build_report
 from relayd.producer import enqueue_many, new_job
 from relayd.settings import Settings
 from relayd.sinks import SendWindow
 from relayd.sinks.webhook.sink import WebhookSink
+from relayd.store import Store
 from relayd.testing.processes import free_port
 from relayd.testing.webhook_receiver import Fault, receiving
 from tests.support import (
@@ -219,11 +222,15 @@ async def test_slow_downs_drops_and_slow_answers_lose_nothing(
     assert attempts == 1  # the slow-downs gave their attempts back
 
 
-async def test_a_410_pauses_its_route_audited_and_dead_letters_nothing(
-    database: Database, conn: asyncpg.Connection, tmp_path: Path
+async def test_a_410_pauses_its_route_once_and_a_resume_lets_it_through_at_once(
+    database: Database, conn: asyncpg.Connection, store: Store, tmp_path: Path
 ) -> None:
-    """An endpoint that answers 410 Gone: its type is paused with the answer as the reason,
-    audited; its rows stay pending, other routes flow; resumed, they are delivered."""
+    """1. An endpoint answers 410 Gone to many deliveries at once: its type is paused once
+    (one pause row, one audit row) with the answer as the reason; its rows stay pending, due
+    and held by the pause (`relayd status`'s paused count and the pause's held rows agree);
+    other routes flow; nothing is dead-lettered. 2. The operator resumes it while the relay
+    runs: the held rows, and rows committed after the resume, are delivered at once, without
+    waiting out any hold the 410 left in the process."""
     secret_file = tmp_path / "whsec"
     write_secrets(secret_file, OLD)
     gone = True
@@ -238,43 +245,52 @@ async def test_a_410_pauses_its_route_audited_and_dead_letters_nothing(
         ]
         settings = webhook_settings(database.dsn, secret_file, routes=routes)
         paid = await commit(conn, 30)
-        lost = await commit(conn, 30, "order.lost")
+        lost = await commit(conn, 60, "order.lost")
         async with running(settings) as daemon:
             await receiver.wait_for(lambda r: set(paid) <= set(r.stored))
 
-            async def paused() -> bool:
-                # The pause is stored, then counted: the row may be seen before the count.
-                stored = await conn.fetchval("SELECT count(*) FROM relayd.relayd_pauses")
+            async def held() -> bool:
+                # Every lost row settled and due: the pause alone holds it.
+                due: int = await conn.fetchval(
+                    "SELECT count(*) FROM relayd.outbox WHERE event_id = ANY($1::uuid[]) "
+                    "AND lease_owner IS NULL AND available_at <= now()",
+                    lost,
+                )
                 counted = daemon.metrics.registry.get_sample_value("relayd_sink_pauses_total")
-                return bool(stored) and (counted or 0) >= 1
+                return due == len(lost) and counted == 1
 
-            await eventually(paused)
-        pause = await conn.fetchrow("SELECT queue, type, reason FROM relayd.relayd_pauses")
-        assert pause is not None
-        assert (pause["queue"], pause["type"]) == ("*", "order.lost")
-        assert "410" in pause["reason"]
-        assert receiver.endpoint("gone") in pause["reason"]
-        audit = await conn.fetchrow("SELECT action, reason FROM relayd.relayd_audit")
-        assert audit is not None
-        assert audit["action"] == "pause"
-        assert await dead(conn) == []
-        assert await pending(conn) == len(lost)
-        assert not set(lost) & set(receiver.stored)
+            await eventually(held)
+            # 1.
+            pause = await conn.fetchrow("SELECT queue, type, reason FROM relayd.relayd_pauses")
+            assert pause is not None
+            assert (pause["queue"], pause["type"]) == ("*", "order.lost")
+            assert "410" in pause["reason"]
+            assert receiver.endpoint("gone") in pause["reason"]
+            audit = await conn.fetch("SELECT action, reason FROM relayd.relayd_audit")
+            assert [(row["action"], row["reason"]) for row in audit] == [("pause", pause["reason"])]
+            report = await build_report(store, sample_interval_s=1.0, lease_s=10.0)
+            [holding] = report.pauses
+            assert holding.rows == report.backlog.paused == len(lost)
+            assert await dead(conn) == []
+            assert not set(lost) & set(receiver.stored)
 
-        # The operator's runbook: the endpoint is back, resume the type.
-        gone = False
-        await conn.execute("DELETE FROM relayd.relayd_pauses")
-        await conn.execute("UPDATE relayd.outbox SET available_at = now()")
-        await run_until_idle(settings)
-    assert await drained(conn)
-    assert set(lost) <= set(receiver.stored)
+            # 2. The operator's runbook: the endpoint is back, resume the type.
+            gone = False
+            assert await store.resume("*", "order.lost", "alice", "the endpoint is back")
+            later = await commit(conn, 5, "order.lost")
+            await receiver.wait_for(lambda r: set(lost + later) <= set(r.stored), timeout_s=5)
+            await eventually(lambda: drained(conn))
+    assert await dead(conn) == []
+    actions = await conn.fetch("SELECT action FROM relayd.relayd_audit ORDER BY id")
+    assert [row["action"] for row in actions] == ["pause", "resume"]
 
 
 async def test_relayd_check_states_the_webhook_guarantee(
     database: Database, tmp_path: Path
 ) -> None:
-    """`relayd check`: the endpoints answer, how many secrets sign, and C2 for webhooks;
-    an endpoint nobody listens on fails the line."""
+    """`relayd check`: the endpoints answer, how many secrets sign, the retry horizon a
+    receiver must remember ids for, and C2 for webhooks; an endpoint nobody listens on
+    fails the line."""
     secret_file = tmp_path / "whsec"
     write_secrets(secret_file, OLD, NEW)
     async with receiving([OLD]) as receiver:
@@ -282,6 +298,9 @@ async def test_relayd_check_states_the_webhook_guarantee(
         lines = {line.name: line for line in await run_checks(settings, "test")}
     assert lines["sink"].verdict is Verdict.OK
     assert "2 signing secrets" in lines["sink"].detail
+    horizon_s = settings.sink.retry_horizon_s
+    assert horizon_s is not None
+    assert f"retry horizon {horizon_s:g}s: keep each webhook-id" in lines["sink"].detail
     assert "at least once, deduplicated by webhook-id at the receiver" in lines["sink"].detail
     gone = webhook_settings(database.dsn, secret_file, url=f"http://127.0.0.1:{free_port()}/")
     lines = {line.name: line for line in await run_checks(gone, "test")}

@@ -167,6 +167,23 @@ def test_the_endpoints_own_failures_are_severe_not_the_rows(status: int) -> None
     assert "check sink" in answer.error or "proxy" in answer.error or "headers" in answer.error
 
 
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_refused_signature_names_the_endpoints_secret_file(status: int) -> None:
+    """The key to check is the secret file the endpoint is signed with: the shared one, or
+    its route's own."""
+    shared = classify(Response(status, b"", None))
+    own = classify(Response(status, b"", None), signed_with="sink.routes.2.secret_file")
+    assert isinstance(shared, SinkDown)
+    assert isinstance(own, SinkDown)
+    assert (
+        shared.error
+        == f"HTTP {status} (check sink.secret_file: the receiver refused the signature)"
+    )
+    assert own.error == (
+        f"HTTP {status} (check sink.routes.2.secret_file: the receiver refused the signature)"
+    )
+
+
 def test_a_rows_refusal_shows_a_bounded_sanitised_excerpt() -> None:
     """An HTML page's markup and control characters are dropped, its text cut short."""
     body = b"<html><h1>Bad\r\nrequest</h1>\x1b[31m" + b"x" * 5000 + b"</html>"

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,11 @@ def test_several_lines_are_several_active_secrets(tmp_path: Path) -> None:
         ("url = 'https://x/'\n", KEY, "sink.secret_file:"),
         ("url = 'https://x/'\n", "# only a comment\n", "sink.secret_file:"),
         ("url = 'https://x/'\nca_file = '/nonexistent/ca.pem'\n", SECRET, "sink.ca_file:"),
+        (
+            "url = 'https://x/'\nsecret_path_patterns = ['[0-9]+', '(']\n",
+            SECRET,
+            "sink.secret_path_patterns.1: not a regular expression",
+        ),
     ],
 )
 def test_bad_keys_are_named_in_one_line(
@@ -136,10 +143,30 @@ def test_secrets_are_never_shown(tmp_path: Path) -> None:
     assert repr(sink.keys) == "SigningKeys(1 keys)"
 
 
+def test_endpoints_are_shown_without_their_secrets(tmp_path: Path) -> None:
+    """`target` (what `relayd check` and the start-up log print) and `shown` hide each URL's
+    query and secret-looking segments, and the segments `secret_path_patterns` match;
+    `hidden` lists what they hide, for cleaning a receiver's answer."""
+    sink = _load(
+        tmp_path,
+        "url = 'https://r.example/hooks?token=abc'\n"
+        "secret_path_patterns = ['acct-[0-9]+']\n"
+        "[[sink.routes]]\ntype = 'order.paid'\n"
+        "url = 'https://b.example/in/acct-42/Xk9pQ2rT7vW3yZ1aB4cD'\n",
+    )
+    assert sink.target == "https://b.example/in/***/***, https://r.example/hooks?***"
+    assert sink.shown("https://b.example/in/acct-7/x") == "https://b.example/in/***/x"
+    assert sink.hidden == ("Xk9pQ2rT7vW3yZ1aB4cD", "token=abc", "acct-42")
+
+
 def test_routes_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """RELAYD_SINK__ROUTES is a JSON array of {"type", "url"}."""
+    """RELAYD_SINK__ROUTES is a JSON array of {"type", "url"}, and
+    RELAYD_SINK__SECRET_PATH_PATTERNS one of patterns."""
     monkeypatch.setenv("RELAYD_SINK__ROUTES", '[{"type": "a.b", "url": "https://x/"}]')
-    assert _load(tmp_path, "").endpoints == {"a.b": "https://x/"}
+    monkeypatch.setenv("RELAYD_SINK__SECRET_PATH_PATTERNS", '["[0-9]+"]')
+    sink = _load(tmp_path, "")
+    assert sink.endpoints == {"a.b": "https://x/"}
+    assert sink.secret_path_patterns == ("[0-9]+",)
 
 
 def test_a_bad_configuration_exits_2_with_one_line(tmp_path: Path) -> None:
@@ -198,13 +225,124 @@ def test_the_example_documents_every_webhook_key_and_loads(
 
 
 def test_a_producer_loads_the_sink_without_its_secret(tmp_path: Path) -> None:
-    """A producer reading the daemon's file leaves the secret file and CA bundle unread."""
+    """A producer reading the daemon's file leaves the secret files (the shared one, each
+    route's own) and the CA bundle unread."""
     path = tmp_path / "relayd.toml"
     path.write_text(
         "[sink]\nkind = 'webhook'\nurl = 'https://x/'\n"
         "secret_file = '/nonexistent/whsec'\nca_file = '/nonexistent/ca.pem'\n"
+        "[[sink.routes]]\ntype = 'a.b'\nurl = 'https://y/'\nsecret_file = '/nonexistent/own'\n"
     )
     _, sink = load_producer_sections(path)
     assert isinstance(sink, WebhookSettings)
     assert sink.secret_file is None
     assert sink.url == "https://x/"
+    assert sink.endpoints == {"a.b": "https://y/"}
+    assert sink.routes[0].secret_file is None
+
+
+OTHER_KEY = base64.b64encode(b"o" * 32).decode()
+OTHER = f"whsec_{OTHER_KEY}"
+
+
+def _route(index: int, url: str, secret_file: Path | None = None) -> str:
+    text = f"[[sink.routes]]\ntype = 'order.t{index}'\nurl = '{url}'\n"
+    return text + (f"secret_file = '{secret_file}'\n" if secret_file else "")
+
+
+def test_a_route_signs_with_its_own_secret_file(tmp_path: Path) -> None:
+    """A route's `secret_file` signs its endpoint; the other endpoints keep the shared one;
+    no secret is shown by the settings, their dump or `relayd config show`'s data."""
+    own = tmp_path / "own"
+    own.write_text(OTHER + "\n")
+    path = _config(
+        tmp_path,
+        "url = 'https://shared.example/hooks'\n"
+        + _route(0, "https://a.example/in", own)
+        + _route(1, "https://b.example/in"),
+    )
+    settings = load_settings(path)
+    sink = settings.sink
+    assert isinstance(sink, WebhookSettings)
+    signing = {url: (secret.key, secret.path) for url, secret in sink.signing().items()}
+    assert signing == {
+        "https://shared.example/hooks": ("sink.secret_file", tmp_path / "whsec"),
+        "https://a.example/in": ("sink.routes.0.secret_file", own),
+        "https://b.example/in": ("sink.secret_file", tmp_path / "whsec"),
+    }
+    shown = repr(sink) + repr(sink.signing()) + json.dumps(settings.redacted(), default=str)
+    assert KEY not in shown
+    assert OTHER_KEY not in shown
+    assert str(own) in shown  # the path is shown, never what it holds
+
+
+def test_routes_with_their_own_secrets_need_no_shared_one(tmp_path: Path) -> None:
+    """Without `sink.secret_file` the sink is built when every endpoint has its own; an
+    endpoint without one is named in the one-line error about `sink.secret_file`."""
+    own = tmp_path / "own"
+    own.write_text(OTHER + "\n")
+    sink = _load(tmp_path, _route(0, "https://a.example/in", own), secret=None)
+    assert sink.build(_Health()) is not None
+    lacking = _load(
+        tmp_path,
+        _route(0, "https://a.example/in", own) + _route(1, "https://b.example/in"),
+        secret=None,
+    )
+    with pytest.raises(ConfigError) as refused:
+        lacking.build(_Health())
+    assert str(refused.value).startswith("sink.secret_file: required")
+    assert str(refused.value).endswith("sink.routes.1 has no secret_file of its own")
+    with pytest.raises(ConfigError, match=r"sink\.url has no secret_file of its own$"):
+        _load(tmp_path, "url = 'https://x/'\n", secret=None).build(_Health())
+
+
+@pytest.mark.parametrize(
+    ("routes", "error"),
+    [
+        (
+            lambda d: _route(0, "https://a.example/in", d / "missing"),
+            "sink.routes.0.secret_file: cannot read",
+        ),
+        (
+            lambda d: _route(0, "https://a.example/in", d / "bad"),
+            "sink.routes.0.secret_file:",
+        ),
+        (
+            lambda d: (
+                _route(0, "https://a.example/in", d / "own") + _route(1, "https://a.example/in")
+            ),
+            "sink.routes.1.secret_file: its url is also sink.routes.0's, signed with another",
+        ),
+        (
+            lambda d: _route(0, "https://shared.example/hooks", d / "own"),
+            "sink.routes.0.secret_file: its url is also sink.url's, signed with another",
+        ),
+    ],
+)
+def test_a_bad_route_secret_is_named_in_one_line(
+    tmp_path: Path, routes: Callable[[Path], str], error: str
+) -> None:
+    """An unreadable or unusable route secret file, or two secret files for one endpoint:
+    one line naming the route's key, never a secret."""
+    (tmp_path / "own").write_text(OTHER + "\n")
+    (tmp_path / "bad").write_text("whsec_" + OTHER_KEY[:8] + "\n")
+    with pytest.raises(ConfigError) as refused:
+        _load(tmp_path, "url = 'https://shared.example/hooks'\n" + routes(tmp_path))
+    text = str(refused.value)
+    assert text.startswith(error), text
+    assert "\n" not in text
+    assert OTHER_KEY[:8] not in text
+    assert KEY not in text
+
+
+def test_one_secret_file_may_sign_several_routes(tmp_path: Path) -> None:
+    """Two routes to one endpoint with the same secret file (written two ways) load."""
+    own = tmp_path / "own"
+    own.write_text(OTHER + "\n")
+    (tmp_path / "sub").mkdir()
+    sink = _load(
+        tmp_path,
+        _route(0, "https://a.example/in", own)
+        + _route(1, "https://a.example/in", tmp_path / "sub" / ".." / "own"),
+    )
+    assert [secret.key for secret in sink.signing().values()] == ["sink.routes.0.secret_file"]
