@@ -267,7 +267,7 @@ async def test_the_operator_needs_no_access_to_the_sinks_secrets(
     naming the key."""
     secrets = tmp_path / "secrets-of-the-relay"  # never created
     sink = {
-        key: str(secrets / value) if key.endswith("_file") else value
+        key: str(secrets / str(value)) if key.endswith("_file") else value
         for key, value in _SINKS[kind].items()
     }
     sink |= {"kind": kind, "ca_file": str(secrets / "ca.pem")}

@@ -104,7 +104,7 @@ def _resent_unsent(relay: Process) -> tuple[set[str], list[str]]:
     maybe_delivered: set[str] = set()
     wrong: list[str] = []
     for entry in _entries(relay):
-        event, event_id = entry["event"], entry.get("event_id")
+        event, event_id = entry["event"], str(entry.get("event_id"))
         if event == "relay.retry_scheduled":
             if entry["error"].endswith("nothing was sent"):
                 unsent.add(event_id)

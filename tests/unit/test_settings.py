@@ -470,7 +470,7 @@ def test_an_operator_command_loads_the_sink_without_its_files(
     (absent here, as to an operator who may not read them); such settings cannot build a
     sink, and the same file loaded for `relayd run` is refused naming the key."""
     absent = tmp_path / "absent"
-    sink = {k: str(absent / v) if k.endswith("_file") else v for k, v in keys.items()}
+    sink = {k: str(absent / str(v)) if k.endswith("_file") else v for k, v in keys.items()}
     lines = [f"{k} = {json.dumps(v)}" for k, v in sink.items()]
     if kind == "nats":
         lines.append('user = "relay"')
