@@ -349,7 +349,7 @@ def _check_environment(environ: Mapping[str, str]) -> None:
     pydantic-settings ignores a variable that names no setting, so a typo (one underscore in
     `RELAYD_RELAY_WORKERS`) would leave the setting at its default without a word. Names are
     matched case-insensitively, as pydantic-settings reads them. `RELAYD_TEST_*` is reserved
-    for relayd's own test suite (docs/operations.md) and left alone.
+    for relayd's own test suite (docs/configure.md) and left alone.
     """
     # The sink's keys are those of every kind: which one applies is known after the merge,
     # and a key of another kind is refused there, naming its kind.

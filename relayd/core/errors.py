@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# Process exit codes (docs/operations.md).
+# Process exit codes (docs/run.md).
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2

@@ -7,7 +7,7 @@ that queue and type: it pauses them (that queue and type only: every other one k
 flowing), says so, and retries, refunded, what it was about to dead-letter.
 
 The guard counts per (queue, type) and per process: each replica dead-letters at most
-`window` rows of one queue and type before its own guard trips (docs/operations.md).
+`window` rows of one queue and type before its own guard trips (docs/run.md).
 
 While a tripped key's pause is not stored yet (or cannot be: a refused INSERT), the process
 holds that key itself: its rows are not sent, and come back later without using an attempt.

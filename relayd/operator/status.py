@@ -2,7 +2,7 @@
 the relays running now, built from one bounded read of the database in one snapshot.
 
 The counting rules are the backlog's (relayd/core/backlog.py). This module owns the report's two
-renderings: the JSON shape scripts rely on (docs/operations.md) and the human table. The SQL
+renderings: the JSON shape scripts rely on (docs/observe.md) and the human table. The SQL
 is in `relayd/store/sql/sampling.sql`.
 """
 
@@ -67,7 +67,7 @@ def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
         help="show the backlog, dead letters, pauses and the relays running now (read-only)",
     )
     status.add_argument(
-        "--json", action="store_true", help="print JSON (the shape in docs/operations.md)"
+        "--json", action="store_true", help="print JSON (the shape in docs/observe.md)"
     )
     status.set_defaults(handler=status_command)
 
@@ -198,7 +198,7 @@ def _housekeeping(text: str | None) -> Mapping[str, Mapping[str, Any]]:
     return {str(k): v for k, v in data.items() if isinstance(v, dict)}
 
 
-# --- JSON: the shape scripts rely on (docs/operations.md#relayd-status) ------------------
+# --- JSON: the shape scripts rely on (docs/observe.md#relayd-status) ------------------
 
 
 def report_json(report: StatusReport) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import pytest
 from relayd.testing.emulator import RunningEmulator
 from tests.support import Database, rows_in_every_state, start_relayd
 
-# The exit status a shell shows for a process killed by SIGPIPE (docs/operations.md).
+# The exit status a shell shows for a process killed by SIGPIPE (docs/run.md).
 READER_GONE = 128 + signal.SIGPIPE
 # Every command that writes a report to stdout; {dead} is a dead letter's id.
 REPORTS = [

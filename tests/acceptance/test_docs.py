@@ -423,3 +423,18 @@ def test_every_file_the_code_and_configuration_names_exists() -> None:
         if not (ROOT / name.split("#")[0]).exists()
     )
     assert missing == []
+
+
+def test_every_test_the_docs_name_exists() -> None:
+    """A test named as proof (`tests/...py::test_name`, or a file) is in the suite: a proof
+    renamed or deleted leaves no claim behind."""
+    named = re.compile(r"`(tests/[\w/]+\.py)(?:::(test_\w+))?")
+    missing = []
+    for page in PAGES:
+        for path, test in named.findall(page.read_text()):
+            source = ROOT / path
+            if not source.is_file():
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+            elif test and not re.search(rf"def {test}\(", source.read_text()):
+                missing.append(f"{page.relative_to(ROOT)}: {path}::{test}")
+    assert missing == []

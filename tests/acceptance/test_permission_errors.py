@@ -1,5 +1,5 @@
 """A missing privilege is one line on stderr naming the privilege and the object, exit 1, in
-every command that meets it (docs/operations.md, exit codes): never a traceback."""
+every command that meets it (docs/run.md, exit codes): never a traceback."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ def promtool() -> Path:
     return tool("promtool", "prometheus")
 
 
-# Every metric relayd exports (docs/operations.md#metrics), with the standard ones a scrape
+# Every metric relayd exports (docs/observe.md#metrics), with the standard ones a scrape
 # adds (`up`) or prometheus_client exports (process_*). Histograms also yield _bucket, _sum
 # and _count series. The rules and the dashboard may use these names and no others.
 RELAYD_METRICS = frozenset(

@@ -15,7 +15,8 @@ from tests.deploy.promql import metric_names
 
 RULES = DEPLOY / "prometheus" / "relayd.rules.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "relayd.rules.test.yml"
-OPERATIONS = ROOT / "docs" / "operations.md"
+RUNBOOK = ROOT / "docs" / "runbook.md"
+OBSERVE = ROOT / "docs" / "observe.md"
 MIN_ALERTS = 8
 
 
@@ -73,18 +74,16 @@ def test_every_alert_is_tested_firing_and_not_firing() -> None:
 
 
 def test_every_alert_has_summary_description_and_a_runbook_section() -> None:
-    """runbook_url is docs/operations.md#<alert in lower case>, and that section exists
-    under the Runbook heading."""
-    text = OPERATIONS.read_text()
-    runbook = text[text.index("\n## Runbook\n") :]
-    sections = set(re.findall(r"^### (\w+)$", runbook, flags=re.M))
+    """runbook_url is docs/runbook.md#<alert in lower case>, and that section exists
+    in docs/runbook.md."""
+    sections = set(re.findall(r"^## (\w+)$", RUNBOOK.read_text(), flags=re.M))
     for alert in _alerts():
         name = alert["alert"]
         annotations = alert["annotations"]
         assert annotations["summary"], name
         assert annotations["description"], name
-        assert annotations["runbook_url"] == f"docs/operations.md#{name.lower()}"
-        assert name in sections, f"no '### {name}' in the Runbook of docs/operations.md"
+        assert annotations["runbook_url"] == f"docs/runbook.md#{name.lower()}"
+        assert name in sections, f"no '## {name}' in docs/runbook.md"
         assert alert["labels"]["severity"] in ("warning", "critical"), name
     assert sections == {alert["alert"] for alert in _alerts()}, "runbook sections without alert"
 
@@ -100,16 +99,18 @@ def _figures(text: str) -> set[str]:
 
 
 def test_what_to_alert_on_quotes_the_shipped_rules() -> None:
-    """The table under "What to alert on" in docs/operations.md has one row per shipped
+    """The table under "What to alert on" in docs/observe.md has one row per shipped
     alert, with its severity, its `for` and, in code spans, exactly the thresholds and
     ranges of its expression: a tuned rule without its docs (or docs quoting example
     thresholds the file does not ship) fails here."""
-    text = OPERATIONS.read_text()
+    text = OBSERVE.read_text()
     section = text[text.index("**What to alert on") :]
     section = section[: section.index("\n\n", section.index("| alert |"))]
     rows = {}
     for line in section.splitlines():
-        match = re.match(r"\| \[`(\w+)`\]\(#(\w+)\) \| (\w+) \| (.*) \| ([\w ]+) \|$", line)
+        match = re.match(
+            r"\| \[`(\w+)`\]\(runbook\.md#(\w+)\) \| (\w+) \| (.*) \| ([\w ]+) \|$", line
+        )
         if match:
             name, anchor, severity, fires, duration = match.groups()
             assert anchor == name.lower(), name

@@ -283,7 +283,7 @@ def _facts_or_failure(
     error = None if described is None else _api_error(described)
     if described is None or error is not None:
         if error is not None and error.err_code == _STREAM_NOT_FOUND:
-            return f"stream {stream_name} not found (create it: docs/operations.md#nats)"
+            return f"stream {stream_name} not found (create it: docs/nats.md#operations)"
         return f"stream {stream_name}: {error.describe() if error else 'not a JSON answer'}"
     return stream_facts(info, described)
 
@@ -353,7 +353,7 @@ def inbox_refused(exc: InboxRefused) -> SinkDown:
     return SinkDown(
         f"the server refuses relayd's subscription to its replies ({exc.subject}; "
         "permissions violation), so no answer can reach it: grant relayd's NATS user "
-        "subscribe permission on _INBOX.> (docs/operations.md#nats)",
+        "subscribe permission on _INBOX.> (docs/nats.md#operations)",
         reached=exc.sent,
         severe=True,
     )
@@ -376,7 +376,7 @@ def classify_exception(exc: BaseException, *, subject: str, link: Link) -> Outco
     if isinstance(exc, PublishRefused):
         return SinkDown(
             f"the server refuses publishes to {subject} (permissions violation): grant "
-            "relayd's NATS user publish permission on it (docs/operations.md#nats)",
+            "relayd's NATS user publish permission on it (docs/nats.md#operations)",
             severe=True,
         )
     if isinstance(exc, InboxRefused):

@@ -1,6 +1,6 @@
 """Producers that use two-phase commit (PREPARE TRANSACTION): an outbox migrated with
 `outbox.notify_trigger = false` accepts their rows, and relayd publishes them by polling
-within the documented bound (docs/operations.md, two-phase-commit producers)."""
+within the documented bound (docs/configure.md, two-phase-commit producers)."""
 
 from __future__ import annotations
 

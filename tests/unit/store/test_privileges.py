@@ -101,9 +101,9 @@ def test_a_role_name_a_script_cannot_quote_is_refused(name: str) -> None:
 
 
 def test_the_docs_show_the_generated_scripts() -> None:
-    """docs/operations.md shows each role's script exactly as `relayd grants` prints it for
+    """docs/configure.md shows each role's script exactly as `relayd grants` prints it for
     the default configuration, so the two cannot drift."""
-    docs = (ROOT / "docs/operations.md").read_text()
+    docs = (ROOT / "docs/configure.md").read_text()
     table = OutboxSettings().outbox_table
     for role in Role:
         marker = f"<!-- relayd grants --role {role.value} -->\n```sql\n"

@@ -28,7 +28,7 @@ from tests.integration.sinks.nats.test_sink import (
 )
 from tests.support import Database, drained, eventually, pending, run_until_idle, running
 
-# The permissions docs/operations.md#nats gives the relay's NATS user: publish on the routes'
+# The permissions docs/nats.md#operations gives the relay's NATS user: publish on the routes'
 # subjects and the three JetStream API subjects, subscribe on its reply inboxes.
 RELAY_PERMISSIONS = """
 accounts {
@@ -106,7 +106,7 @@ async def refused_until_granted(  # noqa: PLR0913 - the scene, then what to expe
 async def test_the_documented_permissions_are_enough(
     database: Database, conn: asyncpg.Connection, tmp_path: Path
 ) -> None:
-    """docs/operations.md#nats: a NATS user with only the documented permissions passes
+    """docs/nats.md#operations: a NATS user with only the documented permissions passes
     `relayd check`, publishes events with their atomic markers, and reads a duplicate back
     (an event stored outside a batch: the batch is refused, the event alone reconciled)."""
     with NatsServer(config=RELAY_PERMISSIONS) as server:

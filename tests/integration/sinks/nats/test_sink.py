@@ -233,7 +233,7 @@ async def test_a_missing_stream_dead_letters_nothing_and_opens_the_breaker(
         # The stream's configuration decides each route's dedupe mode: it is read first.
         assert {row["last_error"] for row in errors} <= {
             None,
-            "stream EVENTS not found (create it: docs/operations.md#nats)",
+            "stream EVENTS not found (create it: docs/nats.md#operations)",
         }
         await add_stream(js)
         await eventually(lambda: drained(conn))

@@ -304,7 +304,7 @@ def test_a_publish_refused_for_lack_of_permission_is_severe() -> None:
     message)."""
     assert classify_exception(PublishRefused(SUBJECT), subject=SUBJECT, link=LINK) == SinkDown(
         "the server refuses publishes to events.orders (permissions violation): grant "
-        "relayd's NATS user publish permission on it (docs/operations.md#nats)",
+        "relayd's NATS user publish permission on it (docs/nats.md#operations)",
         severe=True,
     )
 
@@ -320,7 +320,7 @@ def test_a_refused_reply_subscription_is_severe(sent: bool) -> None:
     ) == SinkDown(
         "the server refuses relayd's subscription to its replies (_INBOX.abc.*; permissions "
         "violation), so no answer can reach it: grant relayd's NATS user subscribe "
-        "permission on _INBOX.> (docs/operations.md#nats)",
+        "permission on _INBOX.> (docs/nats.md#operations)",
         reached=sent,
         severe=True,
     )
@@ -443,7 +443,7 @@ def _stream_info(subjects: list[str], window_ns: int = 120_000_000_000) -> bytes
             ACCOUNT,
             _error(404, 10059, "stream not found"),
             1024,
-            (False, "stream EVENTS not found (create it: docs/operations.md#nats)"),
+            (False, "stream EVENTS not found (create it: docs/nats.md#operations)"),
         ),
         (
             _error(503, 10039, "JetStream not enabled for account"),

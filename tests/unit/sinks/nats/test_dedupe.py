@@ -124,7 +124,7 @@ def test_facts_that_cannot_be_read_are_the_sinks_failure() -> None:
     """No mode is chosen on a guess: without the stream's answer, nothing is sent."""
     missing = _reply({"error": {"code": 404, "err_code": 10059, "description": "not found"}})
     assert read_facts(_reply({"api": {}}), missing, stream_name="EVENTS") == SinkDown(
-        "stream EVENTS not found (create it: docs/operations.md#nats)", reached=False
+        "stream EVENTS not found (create it: docs/nats.md#operations)", reached=False
     )
     assert read_facts(SinkDown("no responders"), missing, stream_name="EVENTS") == SinkDown(
         "JetStream does not answer: no responders", reached=False
