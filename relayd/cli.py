@@ -227,8 +227,8 @@ def _add_config_commands(commands: Commands, common: argparse.ArgumentParser) ->
     example.add_argument(
         "--kind",
         choices=example_kinds(),
-        default="ojs",
-        help="the destination's example: ojs (every section), nats or webhook (their [sink])",
+        default=registry.DEFAULT_KIND,
+        help="the destination's example (the default kind's documents every section)",
     )
     example.set_defaults(handler=_config_example)
 

@@ -239,20 +239,18 @@ def describe_config_source(explicit: str | Path | None = None) -> str:
     return f"no configuration file at {path}: defaults and environment only"
 
 
-# The example configuration of each kind: config.example.toml documents every section
-# with the default kind's [sink]; the others show their own [sink] (and [database]).
-_EXAMPLES = {"ojs": "config.example.toml", "nats": "examples/nats.toml"}
-_EXAMPLES["webhook"] = "examples/webhook.toml"
-
-
 def example_kinds() -> list[str]:
-    return sorted(_EXAMPLES)
+    """The kinds with an example configuration (`SinkSettings.example`): the default kind's
+    documents every section, the others their own [sink] (and [database])."""
+    return sorted(kind for kind, model in registry.kinds().items() if model.example)
 
 
-def example_config(kind: str = "ojs") -> str:
+def example_config(kind: str = registry.DEFAULT_KIND) -> str:
     """The shipped example configuration of `kind`: inside the installed wheel, else the
     checkout's."""
-    name = _EXAMPLES[kind]
+    name = registry.kinds()[kind].example
+    if name is None:
+        raise ConfigError("--kind", f"sink kind {kind!r} has no example configuration")
     packaged = resources.files("relayd").joinpath(name)
     if packaged.is_file():
         return packaged.read_text(encoding="utf-8")

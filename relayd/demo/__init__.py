@@ -146,8 +146,8 @@ def _require(missing: Iterable[str]) -> None:
     if names:
         raise ConfigError(
             "demo",
-            f"needs {', '.join(names)}, which is not installed: install relayd with its "
-            "'demo' extra (pip install '.[demo]' in a clone, or `make demo`)",
+            f"needs {', '.join(names)}, which is not installed: install relayd[demo] "
+            "(pip install '.[demo]' in a clone, or `make demo`)",
         )
 
 

@@ -202,6 +202,9 @@ class SinkSettings(Section):
     # `relayd demo --sink KIND`, as "module:Class" naming the kind's `relayd.demo.Demo`
     # (imported only by the demo); None: no demo.
     demo: ClassVar[str | None] = None
+    # The kind's example configuration, as a path in the repository (shipped in the wheel
+    # at the same path under `relayd/`): `relayd config example --kind KIND`. None: none.
+    example: ClassVar[str | None] = None
     # systemd credentials this kind reads when the unit passes them: the `*_file` key to
     # fill, then the credential's name and every key that must be unset for it to be used.
     credentials: ClassVar[Mapping[str, tuple[str, ...]]] = {}
@@ -257,8 +260,8 @@ class SinkSettings(Section):
             raise ConfigError(
                 "sink.kind",
                 f"kind {kind!r} needs {', '.join(missing)}, which is not installed: "
-                f"install relayd with its {cls.extra!r} extra (pip install '.[{cls.extra}]' in a "
-                f"clone, or the wheel with [{cls.extra}]; docs/install.md)",
+                f"install relayd[{cls.extra}] (pip install '.[{cls.extra}]' in a clone, or the "
+                f"wheel with [{cls.extra}]: docs/install.md)",
             )
 
     def build(self, health: SinkHealth, observe: ExchangeObserver | None = None) -> Sink:

@@ -255,7 +255,7 @@ def provider_from_environment() -> SdkTracerProvider:
     except ImportError:
         raise TracingUnavailable(
             "OTEL_TRACES_EXPORTER is set but the OpenTelemetry SDK is not installed "
-            "(install relayd with its 'otel' extra: docs/install.md)"
+            "(install relayd[otel]: docs/install.md)"
         ) from None
     exporters = [_exporter(name) for name in _exporter_names()]
     resource = Resource.create()

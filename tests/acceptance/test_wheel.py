@@ -436,8 +436,8 @@ async def test_a_plain_install_relays_without_the_nats_client(
     )
     refused = (
         "relayd: config error: sink.kind: kind 'nats' needs nats, nkeys, which is not "
-        "installed: install relayd with its 'nats' extra (pip install '.[nats]' in a clone, or the "
-        "wheel with [nats]; docs/install.md)\n"
+        "installed: install relayd[nats] (pip install '.[nats]' in a clone, or the wheel with "
+        "[nats]: docs/install.md)\n"
     )
     for command in ("run", "check"):
         result = await asyncio.to_thread(

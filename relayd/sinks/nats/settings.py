@@ -106,6 +106,7 @@ class NatsSettings(SinkSettings):
     client_modules: ClassVar[tuple[str, ...]] = ("nats", "nkeys")
     extra: ClassVar[str | None] = "nats"
     demo: ClassVar[str | None] = "relayd.demo.nats:NatsDemo"
+    example: ClassVar[str | None] = "examples/nats.toml"
     # Tried in this order; a credential is used only while no method is configured.
     credentials: ClassVar[Mapping[str, tuple[str, ...]]] = {
         key: (f"nats-{key.removesuffix('_file').replace('_', '-')}", *_ALL_FILES)

@@ -27,6 +27,7 @@ class OjsSettings(SinkSettings):
 
     sink_class: ClassVar[str] = "relayd.sinks.ojs.sink:OjsSink"
     demo: ClassVar[str | None] = "relayd.demo.ojs:OjsDemo"
+    example: ClassVar[str | None] = "config.example.toml"
     credentials: ClassVar[Mapping[str, tuple[str, ...]]] = {
         "token_file": ("ojs-token", "token_file")
     }

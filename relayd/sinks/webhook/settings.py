@@ -137,6 +137,7 @@ class WebhookSettings(SinkSettings):
 
     sink_class: ClassVar[str] = "relayd.sinks.webhook.sink:WebhookSink"
     demo: ClassVar[str | None] = "relayd.demo.webhook:WebhookDemo"
+    example: ClassVar[str | None] = "examples/webhook.toml"
     credentials: ClassVar[Mapping[str, tuple[str, ...]]] = {
         "secret_file": ("webhook-secret", "secret_file")
     }

@@ -231,11 +231,11 @@ async def test_a_kind_without_its_client_names_the_extra(
     with registry.registered(ClientlessSettings, "memory"):
         settings = load_settings(_config(tmp_path, database, "shelf = '/tmp/d'\n"))
         lines = {line.name: line for line in await run_checks(settings, "test")}
-        with pytest.raises(ConfigError, match=r"its .memory. extra") as refused:
+        with pytest.raises(ConfigError, match=r"install relayd\[memory\]") as refused:
             await Daemon(settings, metrics=RelayMetrics()).run()
     assert lines["sink"].verdict is Verdict.FAIL
     assert (
-        "relayd_no_such_client, which is not installed: install relayd with its 'memory' extra"
+        "relayd_no_such_client, which is not installed: install relayd[memory]"
         in lines["sink"].detail
     )
     assert refused.value.key == "sink.kind"
