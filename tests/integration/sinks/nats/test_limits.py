@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from datetime import UTC, datetime
+from urllib.parse import urlsplit
 
 import asyncpg
+import nats
 import pytest
 import structlog
 from nats.aio.client import Client
@@ -18,10 +20,11 @@ from nats.js.api import DiscardPolicy
 
 from relayd.core.envelope import Envelope
 from relayd.core.outcomes import DeadLetter, DeadReason, Published
+from relayd.producer import enqueue_many
 from relayd.sinks import SendWindow
 from relayd.sinks.nats.settings import NatsSettings
 from relayd.sinks.nats.sink import NatsSink
-from relayd.testing.nats import NatsServer
+from relayd.testing.nats import NatsServer, read_stream
 from tests.integration.sinks.nats.test_dedupe import lose_the_ack
 from tests.integration.sinks.nats.test_sink import (
     STREAM,
@@ -35,6 +38,7 @@ from tests.integration.sinks.nats.test_sink import (
 from tests.support import (
     Database,
     SinkHealthRecord,
+    TcpProxy,
     claimed,
     drained,
     eventually,
@@ -203,3 +207,76 @@ async def test_a_full_stream_is_a_wait_that_spends_no_attempts(
     # Refused more often than retry.max_attempts, yet only the attempts before the breaker
     # opened were used (retry.breaker_threshold): those of a wait for the sink are given back.
     assert attempts <= settings.retry.breaker_threshold < MAX_ATTEMPTS
+
+
+# Scarce sending slots: one slot for four workers' claims of three rows each, claimed at
+# once; every reply of the server held back 0.9 s (the stream's facts, re-read once before
+# the first re-send, and each pipeline's PubAcks), so the claims' pipelines leave one after
+# another, about 0, 1.8, 2.7 and 3.6 s after their claims. With a 2.5 s attempt timeout, a
+# row is past a 5.5 s window once it is 3 s old; nothing leaves after 5 s (lease 10 s).
+SLOT_WINDOW_S = 5.5
+SLOT_TIMEOUT_S = 2.5
+SLOT_REPLY_DELAY_S = 0.9
+
+
+async def test_rows_waiting_for_a_scarce_slot_are_weighed_as_they_leave(
+    database: Database, conn: asyncpg.Connection, nats_server: NatsServer, js: Client
+) -> None:
+    """Issue 31, item 2, end to end: twelve rows, each tried before (an unanswered attempt),
+    claimed by four workers at once, wait for `sink.concurrency = 1`'s one slot. The stream
+    holds no message that left past the window: every message stored arrived less than
+    `window - timeout` after its row was created (the rule, taken as the message leaves);
+    the rows whose turn came later are dead-lettered `past_window`, never sent. (With the
+    age taken at the claim, the last claim's rows are sent 3.6 s after their creation.)"""
+    await add_stream(js, duplicate_window=SLOT_WINDOW_S)
+    proxy = TcpProxy(host="127.0.0.1", port=urlsplit(nats_server.url).port)
+    await proxy.start()
+    settings = nats_settings(
+        database.dsn,
+        f"nats://127.0.0.1:{proxy.port}",
+        timeout_s=SLOT_TIMEOUT_S,
+        concurrency=1,
+        past_window="dead_letter",
+    )
+    settings = settings.model_copy(
+        update={
+            "relay": settings.relay.model_copy(
+                update={"workers": 4, "batch_size": 3, "lease_s": 10.0}
+            )
+        }
+    )
+    try:
+        async with running(settings):
+            # The relay connects (through the proxy, promptly) with a first event.
+            await commit(conn, [event(99)])
+            await eventually(lambda: drained(conn))
+            proxy.reply_delay_s = SLOT_REPLY_DELAY_S
+            jobs = [event(n) for n in range(12)]
+            async with conn.transaction():
+                await enqueue_many(conn, jobs)
+                # Each tried before: an earlier attempt may have stored it (a re-send).
+                await conn.execute("UPDATE relayd.outbox SET attempts = 1, last_attempt_at = now()")
+            await eventually(lambda: drained(conn), timeout_s=60)
+            proxy.reply_delay_s = 0.0
+    finally:
+        await proxy.close()
+    created = {
+        row["event_id"]: row["created_at"]
+        for row in await conn.fetch("SELECT event_id::text, created_at FROM relayd.outbox")
+    }
+    client = await nats.connect(nats_server.url)
+    try:
+        messages = await read_stream(client, STREAM)
+    finally:
+        await client.close()
+    late = {
+        m.event_id: round((m.stored_at - created[m.event_id]).total_seconds(), 3)
+        for m in messages
+        if m.stored_at is not None
+        and (m.stored_at - created[m.event_id]).total_seconds()
+        >= SLOT_WINDOW_S - SLOT_TIMEOUT_S + 0.1
+    }
+    assert late == {}, f"stored past the window's rule, seconds after creation: {late}"
+    reasons = {reason for reason, _ in (await dead(conn)).values()}
+    assert len(messages) > 1, "nothing but the first event was published"
+    assert reasons == {"past_window"}, reasons
