@@ -74,6 +74,8 @@ class ClaimedRow:
     # sink still reconciles first); a NATS route in window mode sends it even past the
     # stream's duplicate window (docs/nats.md#deduplication).
     redriven: bool = False
+    # The row's ordering key (docs/ordering.md); None: the row is not ordered.
+    ordering_key: str | None = None
 
     @property
     def claimed_before(self) -> bool:
@@ -91,3 +93,5 @@ class ClaimBatch:
     rows: list[ClaimedRow]
     head: datetime | None
     writers_since: datetime | None
+    # Where the next claim's walk over the keys starts (`claim_ordered`); None: at the first.
+    walked_to: str | None = None

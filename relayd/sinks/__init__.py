@@ -26,7 +26,7 @@ import importlib
 import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, Protocol, TypeVar
+from typing import Annotated, ClassVar, Literal, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, PrivateAttr
@@ -55,6 +55,36 @@ def _event_type(value: str) -> str:
 
 # A route's `type` (`[[sink.routes]]` of every kind that routes by event type).
 RouteType = Annotated[str, AfterValidator(_event_type)]
+
+# Ordered delivery per key (docs/ordering.md): "key" delivers a key's rows one at a time, in
+# the order their transactions committed; "none" delivers rows as they come.
+Ordering = Literal["none", "key"]
+# What becomes of an ordered key whose head exhausts its attempts or is refused for good:
+# "park" holds the key's later rows until an operator acts (`relayd keys`); "skip"
+# dead-letters the head and the key goes on.
+OnExhausted = Literal["park", "skip"]
+
+
+@dataclass(frozen=True, slots=True)
+class OrderPolicy:
+    """How a route orders its rows: `ordered` (rows must carry a key, one in flight per
+    key), and whether a head that can never be delivered parks its key (`park`) or is
+    dead-lettered for the key to go on."""
+
+    ordered: bool
+    park: bool
+
+
+UNORDERED = OrderPolicy(ordered=False, park=False)
+
+
+class SinkRoute(Section):
+    """What every `[[sink.routes]]` entry may say beside its kind's own keys: its event
+    `type`, and its ordering (None: the sink's `ordering` and `on_exhausted`)."""
+
+    type: RouteType
+    ordering: Ordering | None = None
+    on_exhausted: OnExhausted | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +220,9 @@ class SinkSettings(Section):
     concurrency: int = Field(default=32, ge=1, le=1024)
     # A stored envelope larger than this is dead-lettered `too_large` without being sent.
     max_envelope_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # Every route's ordering, unless the route says its own (docs/ordering.md).
+    ordering: Ordering = "none"
+    on_exhausted: OnExhausted = "park"
 
     # The sink class, as "module:Class", imported when a sink is built (so that loading the
     # configuration imports no transport); its constructor takes (settings, health, *,
@@ -242,6 +275,21 @@ class SinkSettings(Section):
         """`[sink]` as a table of keys, less those only the connection reads
         (`connection_keys`): what a producer validates, unread secrets and all."""
         return {key: value for key, value in table.items() if key not in cls.connection_keys}
+
+    def route_of(self, envelope: Envelope) -> SinkRoute | None:
+        """The `[[sink.routes]]` entry that carries the envelope (None: none, or a kind
+        without routes): where its ordering may be said."""
+        return None
+
+    def order_policy(self, envelope: Envelope | None) -> OrderPolicy:
+        """How the envelope's route orders its rows (None: a row whose envelope could not be
+        read, which follows the sink's own setting)."""
+        route = None if envelope is None else self.route_of(envelope)
+        ordering = (route.ordering if route is not None else None) or self.ordering
+        if ordering == "none":
+            return UNORDERED
+        on_exhausted = (route.on_exhausted if route is not None else None) or self.on_exhausted
+        return OrderPolicy(ordered=True, park=on_exhausted == "park")
 
     def refuses(self, envelope: Envelope) -> DeadLetter | None:
         """What this kind refuses to send, decided from the envelope alone (no route for

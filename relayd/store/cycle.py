@@ -19,22 +19,49 @@ class CycleQueries(StoreBase):
         return (await self.claim_from(limit, owner, lease_s, None)).rows
 
     async def claim_from(
-        self, limit: int, owner: uuid.UUID, lease_s: float, scan_from: datetime | None
+        self,
+        limit: int,
+        owner: uuid.UUID,
+        lease_s: float,
+        scan_from: datetime | None,
+        walk_from: str | None = None,
+        *,
+        ordered: bool = False,
     ) -> ClaimBatch:
         """Lease up to `limit` due rows, scanning the claim index from `scan_from` (None: from
-        its start); the answer carries the marks of the next watermark."""
+        its start); the answer carries the marks of the next watermark. `ordered`: the heads
+        of keys too (`claim_ordered`), walking the keys from `walk_from`."""
         args: tuple[object, ...] = (limit, owner, lease_s, str(self.table), scan_from)
-        records = await self._fetch("claim", *args)
         rows: list[ClaimedRow] = []
-        head = writers_since = None
-        # By position, in the statement's column order: a name lookup per field per row
-        # costs more than the row's decoding. The one row without an id carries the marks.
-        for event_id, job, attempts, previous, age_s, redriven, row_head, row_writers in records:
+        head = writers_since = walked_to = None
+        if not ordered:
+            # By position, in the statement's column order: a name lookup per field per row
+            # costs more than the row's decoding. The one row without an id carries the marks.
+            for event_id, job, attempts, previous, age_s, redriven, row_head, row_writers in (
+                await self._fetch("claim", *args)
+            ):
+                if event_id is None:
+                    head, writers_since = row_head, row_writers
+                else:
+                    rows.append(ClaimedRow(event_id, job, attempts, previous, age_s, redriven))
+            return ClaimBatch(rows, head, writers_since)
+        for (
+            event_id,
+            job,
+            attempts,
+            previous,
+            age_s,
+            redriven,
+            key,
+            row_head,
+            row_writers,
+            row_walked,
+        ) in await self._fetch("claim_ordered", *args, walk_from):
             if event_id is None:
-                head, writers_since = row_head, row_writers
+                head, writers_since, walked_to = row_head, row_writers, row_walked
             else:
-                rows.append(ClaimedRow(event_id, job, attempts, previous, age_s, redriven))
-        return ClaimBatch(rows, head, writers_since)
+                rows.append(ClaimedRow(event_id, job, attempts, previous, age_s, redriven, key))
+        return ClaimBatch(rows, head, writers_since, walked_to)
 
     async def settle_published(
         self, owner: uuid.UUID, event_ids: Sequence[str], sink_states: Sequence[str]

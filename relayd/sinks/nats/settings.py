@@ -17,7 +17,6 @@ from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_valid
 from relayd.config.base import (
     MAX_DURATION_S,
     KeyedError,
-    Section,
     read_secret,
     readable_file,
     sink_files_read,
@@ -26,7 +25,7 @@ from relayd.config.secret_files import read_token_file
 from relayd.core.envelope import Envelope
 from relayd.core.errors import ConfigError
 from relayd.core.outcomes import DeadLetter
-from relayd.sinks import RouteType, SinkSettings
+from relayd.sinks import SinkRoute, SinkSettings
 from relayd.sinks.nats.message import Route, Routes, message_for
 
 # A publish subject: dot-separated tokens of visible ASCII, no wildcard. A stream name: one
@@ -55,10 +54,9 @@ def _json_array(text: str) -> list[object]:
     return value
 
 
-class NatsRoute(Section):
+class NatsRoute(SinkRoute):
     """`[[sink.routes]]`: events of `type` (and of `version`, if set) go to `subject`."""
 
-    type: RouteType
     subject: str
     version: int | None = Field(default=None, ge=1)
 
@@ -274,6 +272,18 @@ class NatsSettings(SinkSettings):
                 [Route(route.type, route.subject, route.version) for route in self.routes]
             )
         return self._routes
+
+    def route_of(self, envelope: Envelope) -> SinkRoute | None:
+        """The route of the event's type and version, as `Routes.subject` chooses it."""
+        version = envelope.meta.get("version")
+        exact = generic = None
+        for route in self.routes:
+            if route.type == envelope.type:
+                if route.version is None:
+                    generic = generic or route
+                elif route.version == version:
+                    exact = exact or route
+        return exact or generic
 
     def refuses(self, envelope: Envelope) -> DeadLetter | None:
         """The sink's own verdict on the envelope, as `message_for` gives it: not an event,

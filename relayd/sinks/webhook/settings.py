@@ -23,14 +23,14 @@ from pydantic import AfterValidator, Field, PrivateAttr, field_validator, model_
 from relayd.config.base import (
     MAX_DURATION_S,
     KeyedError,
-    Section,
     read_secret,
     readable_file,
     sink_files_read,
 )
 from relayd.config.secret_files import SecretFileError, read_secret_file
+from relayd.core.envelope import Envelope
 from relayd.core.errors import ConfigError
-from relayd.sinks import RouteType, SinkSettings
+from relayd.sinks import SinkRoute, SinkSettings
 from relayd.sinks.http.urls import hidden_parts, redact_url
 from relayd.sinks.webhook.signing import SecretsError, SigningKeys, parse_secrets
 
@@ -104,11 +104,10 @@ def read_secrets_file(path: Path) -> str:
     return check_secret_text(path, read_secret_file(path))
 
 
-class WebhookRoute(Section):
+class WebhookRoute(SinkRoute):
     """`[[sink.routes]]`: events of `type` are delivered to `url`, signed with the secrets of
     `secret_file` (None: those of `sink.secret_file`)."""
 
-    type: RouteType
     url: str
     secret_file: Path | None = None
 
@@ -148,6 +147,10 @@ class WebhookSettings(SinkSettings):
     # Each route's own secret file as read at load, by route index.
     _route_secrets: dict[int, SecretFile] = PrivateAttr(default_factory=dict)
     _patterns: tuple[re.Pattern[str], ...] = PrivateAttr(default=())
+
+    def route_of(self, envelope: Envelope) -> SinkRoute | None:
+        """The route of the event's type (the first, as the sink chooses it)."""
+        return next((route for route in self.routes if route.type == envelope.type), None)
 
     @classmethod
     def without_connection_keys(cls, table: Mapping[str, object]) -> dict[str, object]:

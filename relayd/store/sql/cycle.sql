@@ -106,6 +106,138 @@ UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, marks.head, marks.writers_since
 FROM marks, durable;
 
+-- name: claim_ordered
+-- The claim of an outbox with ordered rows (docs/ordering.md): the unordered rows exactly as
+-- `claim` takes them, and beside them the heads of keys. A keyed row is written with
+-- available_at 'infinity' (migration 0011), out of the unordered range; a key's head is its
+-- pending row with the lowest ordering_seq, which is a candidate while it has never been
+-- claimed (available_at still 'infinity') and its key is not parked. Once claimed, a head
+-- holds its lease and backoff in available_at as any row does, and the unordered part
+-- takes it again when it is due: it is still its key's head, since only a publish or a
+-- dead letter ends a head. So at most one row of a key is ever leased, and a key's next row
+-- is a candidate only once every earlier one is published or dead-lettered.
+--
+-- `walk` visits keys in key order, from $6 (exclusive; NULL: the first), one index probe
+-- each: the head of the next key is the first entry after the previous key, whatever the
+-- number of rows behind it, so a hot key costs what a quiet one does and yields one row per
+-- claim. The walk stops as soon as $1 candidates are found. The marks row carries the last
+-- candidate's key (`walked_to`): the worker starts its next walk there, so the keys are
+-- served in turn; NULL when the walk reached the last key, to start again from the first.
+-- The two parts are interleaved (one of each in turn) up to $1 rows in all.
+-- params: $1 limit int, $2 owner token uuid, $3 lease_s float8, $4 outbox table text,
+--         $5 scan from timestamptz (NULL: the whole index), $6 walk from text (NULL: first)
+WITH RECURSIVE durable AS (
+    SELECT CASE WHEN current_setting('synchronous_commit') = 'off'
+                THEN set_config('synchronous_commit', 'on', true) END
+),
+marks AS (
+    SELECT (SELECT min(available_at) FROM @outbox@
+            WHERE published_at IS NULL AND dead_at IS NULL
+              AND available_at >= coalesce($5::timestamptz, '-infinity')
+              AND available_at > '-infinity' AND available_at < 'infinity') AS head,
+           (SELECT CASE WHEN bool_or(xact_start IS NULL) THEN NULL
+                        ELSE coalesce(min(xact_start), now()) END
+            FROM pg_stat_activity
+            WHERE backend_xid IS NOT NULL AND datname = current_database()
+              AND pid <> pg_backend_pid()) AS writers_since
+),
+walk AS (
+    (SELECT ordering_key, event_id, available_at
+     FROM @outbox@
+     WHERE published_at IS NULL AND dead_at IS NULL
+       AND ordering_key > coalesce($6::text, '')
+     ORDER BY ordering_key, ordering_seq
+     LIMIT 1)
+    UNION ALL
+    SELECT step.ordering_key, step.event_id, step.available_at
+    FROM walk
+    CROSS JOIN LATERAL (
+        SELECT o.ordering_key, o.event_id, o.available_at
+        FROM @outbox@ AS o
+        WHERE o.published_at IS NULL AND o.dead_at IS NULL
+          AND o.ordering_key > walk.ordering_key
+        ORDER BY o.ordering_key, o.ordering_seq
+        LIMIT 1
+    ) AS step
+),
+heads AS (
+    SELECT walk.ordering_key, walk.event_id
+    FROM walk
+    WHERE walk.available_at = 'infinity'
+      AND NOT EXISTS (
+          SELECT 1 FROM @schema@.relayd_parked_keys AS p
+          WHERE p.outbox_table = $4 AND p.destination = ''
+            AND p.ordering_key = walk.ordering_key)
+    LIMIT $1
+),
+ordered_due AS (
+    SELECT event_id, last_attempt_at, redriven_at,
+           row_number() OVER (ORDER BY ordering_key) AS turn
+    FROM (
+        SELECT o.event_id, o.last_attempt_at, o.redriven_at, o.ordering_key
+        FROM @outbox@ AS o
+        WHERE o.event_id IN (SELECT event_id FROM heads)
+          AND o.published_at IS NULL AND o.dead_at IS NULL AND o.available_at = 'infinity'
+        FOR UPDATE SKIP LOCKED
+    ) AS locked
+),
+due AS (
+    SELECT event_id, last_attempt_at, redriven_at,
+           row_number() OVER (ORDER BY available_at, event_id) AS turn
+    FROM (
+        SELECT event_id, last_attempt_at, redriven_at, available_at
+        FROM @outbox@
+        WHERE published_at IS NULL AND dead_at IS NULL
+          AND available_at >= coalesce($5::timestamptz, '-infinity') AND available_at <= now()
+          AND NOT EXISTS (
+              SELECT 1 FROM @schema@.relayd_pauses
+              WHERE outbox_table = $4 AND queue = '*' AND type = '*')
+          AND (NOT EXISTS (SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $4)
+               OR NOT @schema@.relayd_held(job,
+                   ARRAY(SELECT queue FROM @schema@.relayd_pauses
+                         WHERE outbox_table = $4 AND type = '*'),
+                   ARRAY(SELECT type FROM @schema@.relayd_pauses
+                         WHERE outbox_table = $4 AND queue = '*'),
+                   ARRAY(SELECT queue || ' ' || type FROM @schema@.relayd_pauses
+                         WHERE outbox_table = $4 AND queue <> '*' AND type <> '*')))
+        ORDER BY available_at, event_id
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED
+    ) AS locked
+),
+chosen AS (
+    SELECT event_id, last_attempt_at, redriven_at
+    FROM (SELECT *, 0 AS part FROM due UNION ALL SELECT *, 1 AS part FROM ordered_due) AS both_parts
+    ORDER BY turn, part
+    LIMIT $1
+),
+claimed AS (
+    UPDATE @outbox@ AS o
+    SET lease_owner = $2,
+        available_at = now() + make_interval(secs => $3),
+        attempts = o.attempts + 1,
+        last_attempt_at = now()
+    FROM chosen
+    WHERE o.event_id = chosen.event_id
+    RETURNING o.event_id::text AS event_id,
+              convert_to(o.job::text, 'UTF8') AS job,
+              o.attempts,
+              chosen.last_attempt_at AS previous_attempt_at,
+              (extract(epoch FROM clock_timestamp()) - extract(epoch FROM o.created_at))::float8
+                  AS age_s,
+              chosen.redriven_at IS NOT NULL
+                  AND chosen.redriven_at > coalesce(chosen.last_attempt_at, '-infinity')
+                  AS redriven,
+              o.ordering_key
+)
+SELECT claimed.*, NULL::timestamptz AS head, NULL::timestamptz AS writers_since,
+       NULL::text AS walked_to
+FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, marks.head, marks.writers_since,
+       (SELECT CASE WHEN count(*) < $1 THEN NULL ELSE max(ordering_key) END FROM heads)
+FROM marks, durable;
+
 -- fragment: lazy_commit
 -- Every settle (settle_published, settle_retry, settle_dead, release) begins with
 -- `WITH lazy AS @lazy_commit@` and joins `lazy` in its last SELECT, so that it is evaluated:
