@@ -126,6 +126,7 @@ class Settled(enum.StrEnum):
     RECONCILED = "reconciled"  # published, proven by a GET rather than a 2xx to our POST
     RETRIED = "retried"
     DEAD = "dead"
+    PARKED = "parked"  # an ordered key's head that can never be delivered: its key waits
     RELEASED = "released"  # handed back unstarted, attempt refunded
     STALE = "stale"  # the settle found another owner's lease: nothing changed (C3)
 
@@ -139,6 +140,7 @@ _EVENTS = {
     Settled.RECONCILED: "relay.reconciled",
     Settled.RETRIED: "relay.retry_scheduled",
     Settled.DEAD: "relay.dead_lettered",
+    Settled.PARKED: "relay.key_parked",
     Settled.RELEASED: "relay.released",
     Settled.STALE: "relay.stale_settle",
 }

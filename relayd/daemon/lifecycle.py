@@ -395,6 +395,7 @@ class Daemon:
             on_idle=self.stop if self._until_idle else None,
             tracing=self._tracing,
             holder=self.proof.holder if isinstance(self.proof, Proof) else None,
+            order=sink.order_policy,
         )
 
     async def _readiness(self) -> Readiness:

@@ -46,7 +46,7 @@ from relayd.engine.deadline import AttemptDeadlines
 from relayd.engine.settle import Settler
 from relayd.engine.storm import Key, StormHold
 from relayd.engine.watermark import Watermark
-from relayd.sinks import Sink
+from relayd.sinks import UNORDERED, OrderPolicy, Sink
 from relayd.store import Store
 from relayd.store.outage import DatabaseRetry
 from relayd.telemetry.logs import get_logger
@@ -100,6 +100,15 @@ class RelayContext:
     tracing: RelayTracing | None = None
     # The first bytes of every owner token: this process's proof of life, if it holds one.
     holder: bytes | None = None
+    # How the route of an envelope orders its rows (None: a row whose envelope could not be
+    # read); `SinkSettings.order_policy`.
+    order: Callable[[Envelope | None], OrderPolicy] = lambda _envelope: UNORDERED
+
+
+_NO_KEY = (
+    'its route is ordered (ordering = "key") and the row has no ordering key: append it '
+    "with key=..., or set ordering_key in SQL (docs/ordering.md)"
+)
 
 
 class RelayWorker:
@@ -124,6 +133,8 @@ class RelayWorker:
         self._deadlines: set[AttemptDeadlines] = set()  # one per runner of the claim
         self.in_flight = 0  # rows claimed and not yet settled
         self._empty_claims = 0  # consecutive claims that came back with no row
+        self._walk_from: str | None = None  # where the next claim's walk over keys starts
+        self.parking: set[str] = set()  # the claim's rows whose key parks if they fail for good
 
     @property
     def released(self) -> int:
@@ -204,9 +215,15 @@ class RelayWorker:
         loop = asyncio.get_running_loop()
         sent_at, timer = loop.time(), time.perf_counter()  # the loop's clock may be coarse
         batch = await self._ctx.store.claim_from(
-            limit, owner, self._settings.lease_s, self._watermark.for_claim(sent_at)
+            limit,
+            owner,
+            self._settings.lease_s,
+            self._watermark.for_claim(sent_at),
+            walk_from=self._walk_from,
+            ordered=True,
         )
         self._watermark.advance(batch)
+        self._walk_from = batch.walked_to
         rows = batch.rows
         answered_at = loop.time()
         elapsed_s = time.perf_counter() - timer
@@ -260,21 +277,18 @@ class RelayWorker:
 
     async def publish(self, claim: Claim) -> tuple[dict[str, Outcome], dict[str, Key]]:
         """Send the claim's rows to the sink concurrently, each attempt under its deadline;
-        the outcomes, and the (queue, type) of each row that parsed, for the storm guard."""
+        the outcomes, and the (queue, type) of each row that parsed, for the storm guard.
+        The rows of ordered keys whose route parks are noted in `self.parking`."""
         outcomes: dict[str, Outcome] = {}
         envelopes: dict[str, Envelope] = {}
         keys: dict[str, Key] = {}
         storm = self._ctx.storm
         guarding = bool(storm.guard.trips)  # the usual case: no key held, no call per row
+        self.parking = parking = set[str]()
         for row in claim.rows:
-            failure = self._unpublishable(row)
-            if failure is not None:
-                outcomes[row.event_id] = failure
-                continue
-            try:
-                envelope = Envelope.parse(row.job, row.event_id)
-            except InvalidEnvelope as exc:
-                outcomes[row.event_id] = DeadLetter(DeadReason.INVALID_ENVELOPE, str(exc))
+            envelope = self._read(row, parking)
+            if isinstance(envelope, DeadLetter):
+                outcomes[row.event_id] = envelope
                 continue
             key = keys[row.event_id] = (envelope.queue, envelope.type)
             held = storm.held(key, claim.sent_at) if guarding else None
@@ -311,6 +325,26 @@ class RelayWorker:
         previous attempt time (`Settler.write`)."""
         for row in rows:
             self._log.info("relay.resending", event_id=row.event_id, attempt=row.attempts)
+
+    def _read(self, row: ClaimedRow, parking: set[str]) -> Envelope | DeadLetter:
+        """The row's envelope, or why it can never be sent; a row of an ordered key whose
+        route parks is added to `parking` either way (its key parks if it fails for good)."""
+        failure = self._unpublishable(row)
+        envelope = None
+        if failure is None:
+            try:
+                envelope = Envelope.parse(row.job, row.event_id)
+            except InvalidEnvelope as exc:
+                failure = DeadLetter(DeadReason.INVALID_ENVELOPE, str(exc))
+        policy = self._ctx.order(envelope)
+        if policy.ordered:
+            if row.ordering_key is None:
+                failure = failure or DeadLetter(DeadReason.INVALID_ENVELOPE, _NO_KEY)
+            elif policy.park:
+                parking.add(row.event_id)
+        if envelope is None or failure is not None:
+            return failure or DeadLetter(DeadReason.INVALID_ENVELOPE, _NO_KEY)
+        return envelope
 
     def _unpublishable(self, row: ClaimedRow) -> DeadLetter | None:
         """The checks that need no parsing: the row's size and its commit time."""
@@ -421,6 +455,7 @@ class RelayWorker:
                 sink_wide=(
                     self._ctx.gate.state is not BreakerState.CLOSED or self._ctx.stopping.is_set()
                 ),
+                parking=self.parking,
             )
         finally:
             self.in_flight = 0

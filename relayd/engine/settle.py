@@ -81,14 +81,17 @@ class ToDeadLetter:
 
 @dataclass(slots=True)
 class Plan:
-    """A claim's rows sorted by the fenced UPDATE that records them (at most four); the
+    """A claim's rows sorted by the fenced UPDATE that records them (at most five); the
     released rows were never sent, and are due at once for anyone, their attempt and
-    previous attempt time restored (`Store.release`)."""
+    previous attempt time restored (`Store.release`). The parked rows are heads of ordered
+    keys that would have been dead-lettered, on a route that parks its keys instead
+    (`Store.settle_parked`, docs/ordering.md)."""
 
     published: list[ToPublish] = field(default_factory=list)
     retried: list[ToRetry] = field(default_factory=list)
     dead: list[ToDeadLetter] = field(default_factory=list)
     released: list[ClaimedRow] = field(default_factory=list)
+    parked: list[ToDeadLetter] = field(default_factory=list)
 
 
 def plan(
@@ -100,6 +103,7 @@ def plan(
     sink_wide: bool,
     storm_rows: Collection[str] = frozenset(),
     sink_paused: Collection[Key] = frozenset(),
+    parking: Collection[str] = frozenset(),
 ) -> Plan:
     """Group each row by what its outcome asks for.
 
@@ -112,7 +116,8 @@ def plan(
     `sink_paused` are the pauses the sink asked for that are in force now: a row held for
     one of them is due again at once, since the pause holds it from here on, and is then
     claimed as soon as an operator lifts the pause, on every replica, instead of after the
-    delay that covers a pause that could not be stored.
+    delay that covers a pause that could not be stored. `parking` are the rows of ordered
+    keys whose route parks: a dead letter of one of them parks its key instead.
     """
     groups = Plan()
     for row in rows:
@@ -131,14 +136,16 @@ def plan(
             delay_s = 0.0 if outcome.pause in sink_paused else outcome.retry_after_s
             groups.retried.append(ToRetry(row, delay_s, error, refund=True))
         elif isinstance(outcome, DeadLetter):
-            groups.dead.append(ToDeadLetter(row, outcome.reason, clean_error(outcome.error)))
+            dead = ToDeadLetter(row, outcome.reason, clean_error(outcome.error))
+            (groups.parked if row.event_id in parking else groups.dead).append(dead)
         elif isinstance(outcome, NotStarted):
             groups.released.append(row)
         else:
             error = clean_error(outcome.error)
             refund = isinstance(outcome, SinkDown) and refunded(outcome, sink_wide=sink_wide)
             if not refund and row.attempts >= max_attempts:
-                groups.dead.append(ToDeadLetter(row, DeadReason.MAX_ATTEMPTS, error))
+                dead = ToDeadLetter(row, DeadReason.MAX_ATTEMPTS, error)
+                (groups.parked if row.event_id in parking else groups.dead).append(dead)
             else:
                 delay_s = backoff.delay_s(row.attempts, outcome.retry_after_s)
                 sent = not isinstance(outcome, SinkDown) or outcome.reached
@@ -182,6 +189,7 @@ class Settler:
         keys: Mapping[str, Key],
         *,
         sink_wide: bool,
+        parking: Collection[str] = frozenset(),
     ) -> Plan:
         """Plan the claim's outcomes (the storm guard told first) and write the plan,
         shielded from cancellation; the plan, for the settle's span."""
@@ -194,6 +202,7 @@ class Settler:
             sink_wide=sink_wide,
             storm_rows=storm_rows,
             sink_paused=sink_paused,
+            parking=parking,
         )
         await asyncio.shield(self.write(claim, groups))
         return groups
@@ -236,6 +245,17 @@ class Settler:
                 [d.error for d in dead],
             )
             self._dead(dead, updated)
+        if groups.parked:
+            parked = groups.parked
+            updated = await self._fenced(
+                claim,
+                store.settle_parked,
+                owner,
+                [d.row.event_id for d in parked],
+                [d.reason.value for d in parked],
+                [d.error for d in parked],
+            )
+            self._parked(parked, updated)
         if groups.released:
             rows_released = groups.released
             updated = await self._fenced(
@@ -345,6 +365,22 @@ class Settler:
                     attempt=dead.row.attempts,
                     reason=dead.reason.value,
                     error=dead.error,
+                )
+
+    def _parked(self, rows: Sequence[ToDeadLetter], updated: set[str] | None) -> None:
+        if updated is None:
+            return
+        self._stale(Settled.PARKED, len(rows), updated)
+        self._metrics.settled[Settled.PARKED].inc(len(updated))
+        for parked in rows:
+            if parked.row.event_id in updated:
+                self._log.warning(
+                    Settled.PARKED.event,
+                    event_id=parked.row.event_id,
+                    key=parked.row.ordering_key,
+                    attempt=parked.row.attempts,
+                    reason=parked.reason.value,
+                    error=parked.error,
                 )
 
     def _released(self, rows: Sequence[ClaimedRow], updated: set[str] | None) -> int:

@@ -18,14 +18,14 @@ class CycleQueries(StoreBase):
         """A claim scanning the whole index (see `claim_from`)."""
         return (await self.claim_from(limit, owner, lease_s, None)).rows
 
-    async def claim_from(
+    async def claim_from(  # noqa: PLR0913 - the claim's inputs, the walk's by keyword
         self,
         limit: int,
         owner: uuid.UUID,
         lease_s: float,
         scan_from: datetime | None,
-        walk_from: str | None = None,
         *,
+        walk_from: str | None = None,
         ordered: bool = False,
     ) -> ClaimBatch:
         """Lease up to `limit` due rows, scanning the claim index from `scan_from` (None: from
@@ -37,9 +37,16 @@ class CycleQueries(StoreBase):
         if not ordered:
             # By position, in the statement's column order: a name lookup per field per row
             # costs more than the row's decoding. The one row without an id carries the marks.
-            for event_id, job, attempts, previous, age_s, redriven, row_head, row_writers in (
-                await self._fetch("claim", *args)
-            ):
+            for (
+                event_id,
+                job,
+                attempts,
+                previous,
+                age_s,
+                redriven,
+                row_head,
+                row_writers,
+            ) in await self._fetch("claim", *args):
                 if event_id is None:
                     head, writers_since = row_head, row_writers
                 else:
@@ -90,6 +97,22 @@ class CycleQueries(StoreBase):
         errors: Sequence[str],
     ) -> set[str]:
         return await self._settle("settle_dead", owner, event_ids, reasons, errors)
+
+    async def settle_parked(
+        self,
+        owner: uuid.UUID,
+        event_ids: Sequence[str],
+        reasons: Sequence[str],
+        errors: Sequence[str],
+    ) -> set[str]:
+        """Park the keys of heads that can never be delivered (`settle_parked`)."""
+        if not event_ids:
+            return set()
+        [record] = await self._fetch(
+            "settle_parked", owner, list(event_ids), list(reasons), list(errors), str(self.table)
+        )
+        updated: list[str] | None = record[0]
+        return set(event_ids) if updated is None else set(updated)
 
     async def release(
         self,

@@ -69,6 +69,11 @@ class Obj(enum.Enum):
     AUDIT = (Kind.TABLE, "relayd_audit")
     AUDIT_ID_SEQ = (Kind.SEQUENCE, "relayd_audit_id_seq")  # relayd_audit.id is a bigserial
     INSTANCES = (Kind.TABLE, "relayd_instances")
+    # Ordered delivery (migration 0011): each key's last number, written by producers'
+    # inserts (the numbering trigger runs as the inserting role); the parked keys, written
+    # by relays and operators.
+    KEY_SEQS = (Kind.TABLE, "relayd_key_seqs")
+    PARKED_KEYS = (Kind.TABLE, "relayd_parked_keys")
     EFFECTIVE_QUEUE = (Kind.FUNCTION, "relayd_effective_queue", "jsonb")
     HELD = (Kind.FUNCTION, "relayd_held", "jsonb, text[], text[], text[]")
     AVAILABLE_AT = (Kind.FUNCTION, "relayd_available_at", "")
@@ -144,6 +149,9 @@ _CREATE_DATABASE: Needs = {Obj.DATABASE: ("CREATE",)}
 STATEMENTS: Mapping[str, Needs] = {
     # The relay's cycle.
     "claim": _CLAIM,
+    "claim_ordered": {**_CLAIM, Obj.PARKED_KEYS: ("SELECT",)},
+    # A head that can never be delivered parks its key: its row, and the key's park.
+    "settle_parked": {**_FENCED, Obj.PARKED_KEYS: ("INSERT",)},
     "explain_claim": _CLAIM,  # EXPLAIN checks the privileges of what it plans
     "next_due_s": _PENDING,
     "settle_published": _FENCED,
@@ -229,6 +237,8 @@ PRODUCER_STATEMENTS: Mapping[str, Needs] = {
         Obj.OUTBOX: ("SELECT", "INSERT"),
         Obj.CHECK_ROW: ("EXECUTE",),
         Obj.AVAILABLE_AT: ("EXECUTE",),
+        # A keyed row is numbered by a trigger that runs as the inserting role.
+        Obj.KEY_SEQS: ("SELECT", "INSERT", "UPDATE"),
     },
     "append_compare": {Obj.OUTBOX: ("SELECT",)},
 }
@@ -263,10 +273,12 @@ TASKS: Mapping[Role, tuple[Task, ...]] = {
             "claim, settle and release rows",
             (
                 "claim",
+                "claim_ordered",
                 "next_due_s",
                 "settle_published",
                 "settle_retry",
                 "settle_dead",
+                "settle_parked",
                 "release",
                 "take_back",
             ),

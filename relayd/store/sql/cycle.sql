@@ -319,6 +319,36 @@ SELECT CASE WHEN count(*) = cardinality($2::uuid[]) THEN NULL
             ELSE coalesce(array_agg(event_id::text), '{}') END
 FROM settled, lazy;
 
+-- name: settle_parked
+-- A head of an ordered key that exhausted its attempts or was refused for good, on a route
+-- that parks (docs/ordering.md): the row stays pending, keeps its attempts and waits at
+-- available_at 'infinity' (where the ordered claim looks for heads), and its key is parked,
+-- so the key's later rows wait too, until an operator retries, skips or releases it
+-- (`relayd keys`). A key already parked stays as it was. Fenced. Lazy commit.
+-- params: $1 owner token uuid, $2 event ids uuid[], $3 reasons text[], $4 errors text[],
+--         $5 outbox table text
+-- Returns NULL when every row was still this owner's, else the ids it did update.
+WITH lazy AS @lazy_commit@,
+settled AS (
+    UPDATE @outbox@ AS o
+    SET lease_owner = NULL,
+        available_at = 'infinity',
+        last_error = r.error
+    FROM unnest($2::uuid[], $3::text[], $4::text[]) AS r(event_id, reason, error)
+    WHERE o.event_id = r.event_id AND o.lease_owner = $1 AND o.ordering_key IS NOT NULL
+    RETURNING o.event_id, o.ordering_key, coalesce(o.job ->> 'type', '') AS type, r.reason,
+              r.error
+),
+parked AS (
+    INSERT INTO @schema@.relayd_parked_keys
+        (outbox_table, ordering_key, event_id, type, reason, error)
+    SELECT $5, ordering_key, event_id, type, reason, error FROM settled
+    ON CONFLICT DO NOTHING
+)
+SELECT CASE WHEN count(*) = cardinality($2::uuid[]) THEN NULL
+            ELSE coalesce(array_agg(event_id::text), '{}') END
+FROM settled, lazy;
+
 -- name: release
 -- Give back claimed rows whose attempt never started (drain, open breaker): due at once for
 -- any replica, the attempt refunded and the previous attempt time restored, so a row that

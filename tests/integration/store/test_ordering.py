@@ -13,7 +13,7 @@ import asyncpg
 from relayd.core.rows import ClaimBatch
 from relayd.producer import new_job
 from relayd.store import Store
-from tests.support import Database
+from tests.support import Database, eventually
 
 
 async def insert_keyed(conn: asyncpg.Connection, key: str | None, n: int = 1) -> list[str]:
@@ -33,7 +33,9 @@ async def insert_keyed(conn: asyncpg.Connection, key: str | None, n: int = 1) ->
 
 
 async def claim(store: Store, limit: int = 100, walk_from: str | None = None) -> ClaimBatch:
-    return await store.claim_from(limit, uuid.uuid4(), 30.0, None, walk_from, ordered=True)
+    return await store.claim_from(
+        limit, uuid.uuid4(), 30.0, None, walk_from=walk_from, ordered=True
+    )
 
 
 async def publish(store: Store, batch: ClaimBatch) -> None:
@@ -88,8 +90,7 @@ async def test_a_head_whose_lease_expires_is_claimed_again_before_any_successor(
     first = await claim(store)
     assert [r.event_id for r in first.rows] == [a[0]]
     await conn.execute(
-        "UPDATE relayd.outbox SET available_at = now() - interval '1 second' "
-        "WHERE event_id = $1",
+        "UPDATE relayd.outbox SET available_at = now() - interval '1 second' WHERE event_id = $1",
         a[0],
     )
     again = await claim(store)
@@ -172,20 +173,22 @@ async def test_a_second_writer_of_a_key_is_numbered_after_the_first_commits(
             json.dumps(early),
         )
         second = asyncio.create_task(insert_keyed(conn, "k"))
+
         # The second writer waits on the key's row (a lock wait, seen in pg_stat_activity).
-        async with asyncio.timeout(10):
-            while not await first.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database()"
-            ):
-                await asyncio.sleep(0.01)
+        async def waiting() -> bool:
+            return bool(
+                await first.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                )
+            )
+
+        await eventually(waiting, timeout_s=10)
         assert not second.done()
         await tx.commit()
         [late] = await second
     finally:
         await first.close()
-    seqs = dict(
-        await conn.fetch("SELECT event_id::text, ordering_seq FROM relayd.outbox")
-    )
+    seqs = dict(await conn.fetch("SELECT event_id::text, ordering_seq FROM relayd.outbox"))
     assert seqs == {str(early["id"]): 1, late: 2}
     assert [r.event_id for r in (await claim(store)).rows] == [str(early["id"])]
