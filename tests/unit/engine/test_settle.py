@@ -143,6 +143,7 @@ def test_settled_outcomes_name_metrics_labels_and_log_events() -> None:
         "reconciled",
         "retried",
         "dead",
+        "parked",
         "released",
         "stale",
     ]
@@ -237,3 +238,41 @@ def test_a_row_held_for_a_stored_sink_pause_is_due_at_once() -> None:
         (paused, 0.0, True),
         (unstored, 60.0, True),
     ]
+
+
+@pytest.mark.parametrize(
+    ("attempts", "outcome", "group"),
+    [
+        # A head that can never be delivered parks its key instead of being dead-lettered.
+        (1, DeadLetter(DeadReason.SINK_REJECTED, "HTTP 400"), "parked"),
+        (1, DeadLetter(DeadReason.INVALID_ENVELOPE, "bad"), "parked"),
+        (MAX_ATTEMPTS, ODD, "parked"),
+        # Anything else is as for any row: a retry, a refund, a publish, a release.
+        (1, ODD, "retried"),
+        (MAX_ATTEMPTS, SinkDown("down", reached=False), "retried"),
+        (1, Published("available"), "published"),
+        (1, None, "released"),
+    ],
+)
+def test_a_parking_row_that_fails_for_good_parks_its_key(
+    attempts: int, outcome: Outcome | None, group: str
+) -> None:
+    row = _row(attempts)
+    outcomes = {} if outcome is None else {row.event_id: outcome}
+    backoff = Backoff(base_s=1.0, cap_s=30.0, rng=random.Random(7))
+    settlement = plan(
+        [row],
+        outcomes,
+        max_attempts=MAX_ATTEMPTS,
+        backoff=backoff,
+        sink_wide=False,
+        parking={row.event_id},
+    )
+    groups = {
+        name: len(getattr(settlement, name))
+        for name in ("published", "retried", "dead", "released", "parked")
+    }
+    assert groups == {name: int(name == group) for name in groups}
+    # Without parking, the same failures are dead letters.
+    if group == "parked":
+        assert len(_sorted(row, outcome).dead) == 1

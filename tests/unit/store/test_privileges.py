@@ -52,6 +52,7 @@ def test_what_each_role_needs() -> None:
     assert (Obj.OUTBOX, ("SELECT", "UPDATE", "DELETE")) in relay
     assert (Obj.PAUSES, ("SELECT", "INSERT")) in relay
     assert (Obj.AUDIT_ID_SEQ, ("USAGE",)) in relay
+    assert (Obj.PARKED_KEYS, ("SELECT", "INSERT")) in relay
     assert (Obj.SCHEMA, ("USAGE",)) in relay
     quiet = {(g.obj, g.privileges) for g in role_grants(Role.RELAY, cleanup=False)}
     assert (Obj.OUTBOX, ("SELECT", "UPDATE")) in quiet
@@ -66,6 +67,7 @@ def test_what_each_role_needs() -> None:
     assert [(g.obj, g.privileges) for g in role_grants(Role.PRODUCER, cleanup=True)] == [
         (Obj.SCHEMA, ("USAGE",)),
         (Obj.OUTBOX, ("SELECT", "INSERT")),
+        (Obj.KEY_SEQS, ("SELECT", "INSERT", "UPDATE")),
         (Obj.AVAILABLE_AT, ("EXECUTE",)),
         (Obj.CHECK_ROW, ("EXECUTE",)),
     ]
