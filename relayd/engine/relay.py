@@ -43,7 +43,7 @@ from relayd.core.wakeup import WorkSignal
 from relayd.engine.breaker import BreakerGate
 from relayd.engine.claim import Claim, owner_token
 from relayd.engine.deadline import AttemptDeadlines
-from relayd.engine.settle import Settler
+from relayd.engine.settle import Plan, Settler
 from relayd.engine.storm import Key, StormHold
 from relayd.engine.watermark import Watermark
 from relayd.sinks import UNORDERED, OrderPolicy, Sink
@@ -186,8 +186,14 @@ class RelayWorker:
             step = "publish"
             outcomes, keys = await self.publish(claim)
             step = "settle"
-            await self.settle(claim, outcomes, keys)
-            return full
+            groups = await self.settle(claim, outcomes, keys)
+            # A key whose head was published or dead-lettered has a new head, which waits at
+            # 'infinity' where no due time can wake a worker: claim again at once.
+            return (
+                full
+                or any(done.row.ordering_key is not None for done in groups.published)
+                or any(done.row.ordering_key is not None for done in groups.dead)
+            )
         except (DatabaseUnavailable, WorkerCrashed):
             raise
         except Exception as exc:
@@ -444,8 +450,8 @@ class RelayWorker:
 
     async def settle(
         self, claim: Claim, outcomes: dict[str, Outcome], keys: Mapping[str, Key]
-    ) -> None:
-        """Record every outcome with fenced UPDATEs, shielded from cancellation."""
+    ) -> Plan:
+        """Record every outcome with fenced UPDATEs, shielded from cancellation; the plan."""
         timer = time.perf_counter()
         try:
             groups = await self._settler.settle(
@@ -470,6 +476,7 @@ class RelayWorker:
                     "released": len(groups.released),
                 },
             )
+        return groups
 
 
 def _label(outcome: Outcome) -> str:

@@ -76,15 +76,16 @@ class HealthQueries(StoreBase):
 
     async def explain_claim(self, limit: int, lease_s: float) -> Any:
         """The claim's plan (EXPLAIN, not run) as a relay's session gets it, as PostgreSQL's
-        JSON."""
+        JSON: the statement a relay runs, `claim_ordered`, unordered rows and keys' heads."""
         with _translated("explain_claim"):
             async with self._pool.acquire() as conn, conn.transaction():
                 await conn.execute(self._q["plan_as_relay"])
                 return await conn.fetchval(
-                    "EXPLAIN (FORMAT JSON) " + self._q["claim"],
+                    "EXPLAIN (FORMAT JSON) " + self._q["claim_ordered"],
                     limit,
                     uuid.UUID(int=0),
                     lease_s,
                     str(self.table),
                     None,  # a full scan: the plan every claim uses, from the index's start
+                    None,  # the walk over the keys from the first
                 )

@@ -152,7 +152,7 @@ STATEMENTS: Mapping[str, Needs] = {
     "claim_ordered": {**_CLAIM, Obj.PARKED_KEYS: ("SELECT",)},
     # A head that can never be delivered parks its key: its row, and the key's park.
     "settle_parked": {**_FENCED, Obj.PARKED_KEYS: ("INSERT",)},
-    "explain_claim": _CLAIM,  # EXPLAIN checks the privileges of what it plans
+    "explain_claim": {**_CLAIM, Obj.PARKED_KEYS: ("SELECT",)},  # EXPLAIN checks them too
     "next_due_s": _PENDING,
     "settle_published": _FENCED,
     "settle_retry": _DUE_AGAIN,

@@ -176,7 +176,9 @@ ordered_due AS (
     FROM (
         SELECT o.event_id, o.last_attempt_at, o.redriven_at, o.ordering_key
         FROM @outbox@ AS o
-        WHERE o.event_id IN (SELECT event_id FROM heads)
+        -- An array, not IN (SELECT ...): the heads are found through the primary key,
+        -- never by a join the planner could make a scan of the outbox.
+        WHERE o.event_id = ANY (ARRAY(SELECT event_id FROM heads))
           AND o.published_at IS NULL AND o.dead_at IS NULL AND o.available_at = 'infinity'
         FOR UPDATE SKIP LOCKED
     ) AS locked

@@ -114,6 +114,11 @@ class Emulator:
         """The stored job as GET would show it, or None."""
         return self._state.job(job_id)
 
+    def arrivals(self) -> list[str]:
+        """The ids of the jobs stored so far, in the order they were stored (a job stored
+        again appears again)."""
+        return list(self._state.arrivals)
+
     def ledger(self) -> dict[str, LedgerEntry]:
         """A snapshot of the ledger, by job id."""
         return self._state.ledger()

@@ -101,6 +101,9 @@ class EmulatorState:
         # (deadline, version, id): promotion, lease expiry and purge, applied lazily.
         self._timers: list[tuple[float, int, str]] = []
         self.events: deque[Event] = deque(maxlen=_EVENT_HISTORY)
+        # Every stored job's id, in the order the jobs were stored (overwrites included):
+        # what an ordering check reads.
+        self.arrivals: list[str] = []
 
     def now(self) -> float:
         """The emulator's clock (epoch seconds), including any advance."""
@@ -238,6 +241,7 @@ class EmulatorState:
         if job.id in self.jobs:
             counts.overwrites += 1  # redis/lite: replace the hash, re-add to the queue
         self.jobs[job.id] = job
+        self.arrivals.append(job.id)
         counts.created += 1
         counts.queue = job.queue
         counts.purged = False

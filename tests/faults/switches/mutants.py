@@ -133,15 +133,18 @@ def install(mutant: str, patches: Patches) -> None:
         def host_clock(original: Any) -> Any:
             def load(table: Any) -> dict[str, str]:
                 queries: dict[str, str] = original(table)
-                # "now" becomes a sixth parameter: the relay host's clock at the claim.
+                # "now" becomes a last parameter: the relay host's clock at the claim.
                 queries["claim"] = queries["claim"].replace("now()", "$6::timestamptz")
+                queries["claim_ordered"] = queries["claim_ordered"].replace(
+                    "now()", "$7::timestamptz"
+                )
                 return queries
 
             return load
 
         def fetch(original: Any) -> Any:
             async def wrapped(self: StoreBase, name: str, *args: Any) -> Any:
-                if name == "claim":
+                if name in {"claim", "claim_ordered"}:
                     args += (datetime.now(UTC),)
                 return await original(self, name, *args)
 
@@ -187,14 +190,16 @@ def _lazy_claim(patches: Patches) -> None:
     def lazy(original: Any) -> Any:
         def load(table: Any) -> dict[str, str]:
             queries: dict[str, str] = original(table)
-            claim = queries["claim"]
-            start = claim.index("WITH durable AS (")
-            durable = claim[start : claim.index("marks AS (", start)]
-            # The settles' own device (queries.sql), on the one statement that must not.
-            queries["claim"] = claim.replace(
-                durable,
-                "WITH durable AS (SELECT set_config('synchronous_commit', 'off', true)),\n",
-            )
+            for name, opening in (("claim", "WITH"), ("claim_ordered", "WITH RECURSIVE")):
+                claim = queries[name]
+                start = claim.index(f"{opening} durable AS (")
+                durable = claim[start : claim.index("marks AS (", start)]
+                # The settles' own device (cycle.sql), on the one statement that must not.
+                queries[name] = claim.replace(
+                    durable,
+                    f"{opening} durable AS (SELECT set_config('synchronous_commit', 'off', "
+                    "true)),\n",
+                )
             return queries
 
         return load

@@ -351,14 +351,23 @@ async def test_claim_is_an_index_scan_on_a_large_backlog(
     await conn.execute("ANALYZE relayd.outbox")
     from relayd.store import load_queries  # noqa: PLC0415
 
-    claim = load_queries(store.table)["claim"]
+    queries = load_queries(store.table)
     for scan_from in (None, datetime.now(UTC) - timedelta(hours=1)):
-        plan = await conn.fetchval(
-            f"EXPLAIN (FORMAT JSON) {claim}", 100, uuid.uuid4(), 30.0, str(store.table), scan_from
-        )
+        args = (100, uuid.uuid4(), 30.0, str(store.table), scan_from)
+        plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {queries['claim']}", *args)
         scans = plan_scans(json.loads(plan))
         assert ("Index Scan", "outbox_relayd_claim") in scans
         assert not [scan for scan in scans if scan[0] == "Seq Scan" and scan[1] == "outbox"]
+        # The claim a relay runs: the same scan for unordered rows, the keys' heads through
+        # their own index.
+        for walk_from in (None, "k"):
+            plan = await conn.fetchval(
+                f"EXPLAIN (FORMAT JSON) {queries['claim_ordered']}", *args, walk_from
+            )
+            scans = plan_scans(json.loads(plan))
+            assert ("Index Scan", "outbox_relayd_claim") in scans
+            assert {where for _, where in scans} >= {"outbox_relayd_key_heads"}
+            assert not [scan for scan in scans if scan[0] == "Seq Scan" and scan[1] == "outbox"]
 
 
 async def test_gateway_variant_with_top_level_queue(

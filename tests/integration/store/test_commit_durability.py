@@ -21,8 +21,11 @@ from tests.support import DEFAULT_TABLE, produce
 QUERIES = load_queries(DEFAULT_TABLE)
 
 
-async def _claim(conn: asyncpg.Connection, owner: uuid.UUID) -> list[str]:
-    records = await conn.fetch(QUERIES["claim"], 10, owner, 30.0, str(DEFAULT_TABLE), None)
+async def _claim(conn: asyncpg.Connection, owner: uuid.UUID, statement: str = "claim") -> list[str]:
+    args: tuple[object, ...] = (10, owner, 30.0, str(DEFAULT_TABLE), None)
+    if statement == "claim_ordered":
+        args += (None,)  # the walk over the keys from the first
+    records = await conn.fetch(QUERIES[statement], *args)
     return [str(record[0]) for record in records if record[0] is not None]
 
 
@@ -36,14 +39,15 @@ async def _claim(conn: asyncpg.Connection, owner: uuid.UUID) -> list[str]:
         ("remote_apply", "remote_apply"),  # a stronger setting is never weakened
     ],
 )
+@pytest.mark.parametrize("statement", ["claim", "claim_ordered"])
 async def test_a_claim_commits_durably_whatever_the_session_says(
-    conn: asyncpg.Connection, session: str, during_the_claim: str
+    conn: asyncpg.Connection, session: str, during_the_claim: str, statement: str
 ) -> None:
     ids = await produce(conn, 3)
     outside = await conn.fetchval("SHOW synchronous_commit")  # the test server's own
     async with conn.transaction():
         await conn.execute(f"SET LOCAL synchronous_commit = {session}")
-        assert sorted(await _claim(conn, uuid.uuid4())) == sorted(ids)
+        assert sorted(await _claim(conn, uuid.uuid4(), statement)) == sorted(ids)
         assert await conn.fetchval("SHOW synchronous_commit") == during_the_claim
     assert await conn.fetchval("SHOW synchronous_commit") == outside  # nothing outlives it
 
