@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Any
 
 import asyncpg
 
@@ -93,7 +94,7 @@ async def test_a_head_refused_for_good_parks_its_key_while_the_others_flow(
             )
 
         await eventually(others_done)
-        park = await conn.fetchrow(
+        park: Any = await conn.fetchrow(
             "SELECT ordering_key, event_id::text, type, reason FROM relayd.relayd_parked_keys"
         )
         assert dict(park) == {
@@ -152,7 +153,7 @@ async def test_a_row_of_an_ordered_route_without_a_key_is_dead_lettered(
         "INSERT INTO relayd.outbox (event_id, job) VALUES ($1, $2)", job["id"], json.dumps(job)
     )
     await run_until_idle(relay_settings(database.dsn, emulator.url, sink={"ordering": "key"}))
-    dead = await conn.fetchrow(
+    dead: Any = await conn.fetchrow(
         "SELECT dead_reason, last_error FROM relayd.outbox WHERE event_id = $1", job["id"]
     )
     assert dead["dead_reason"] == "invalid_envelope"

@@ -9,7 +9,8 @@ from typing import Any, cast
 
 import pytest
 
-from relayd.operator.doctor import Verdict, _plan_finding
+from relayd.operator.check import Verdict
+from relayd.operator.doctor import _plan_finding
 from relayd.store import Store
 from tests.support import DEFAULT_TABLE
 
