@@ -189,6 +189,9 @@ async def test_a_second_writer_of_a_key_is_numbered_after_the_first_commits(
         [late] = await second
     finally:
         await first.close()
-    seqs = dict(await conn.fetch("SELECT event_id::text, ordering_seq FROM relayd.outbox"))
+    seqs = {
+        r["event_id"]: r["ordering_seq"]
+        for r in await conn.fetch("SELECT event_id::text, ordering_seq FROM relayd.outbox")
+    }
     assert seqs == {str(early["id"]): 1, late: 2}
     assert [r.event_id for r in (await claim(store)).rows] == [str(early["id"])]
