@@ -69,6 +69,8 @@ class Receiver:
     stored: dict[str, Delivery] = field(default_factory=dict)
     seen: Counter[str] = field(default_factory=Counter)
     refused: list[str] = field(default_factory=list)
+    # Every stored delivery's webhook-id, in the order they arrived (repeats included).
+    arrivals: list[str] = field(default_factory=list)
     url: str = ""
     # Told of every delivery as it is answered: a line for `relayd receiver` to print.
     announce: Callable[[dict[str, Any]], None] | None = None
@@ -113,6 +115,7 @@ class Receiver:
             fault = (self.script(path, webhook_id, before) if self.script else None) or Fault()
             if fault.store:
                 self.seen[webhook_id] += 1
+                self.arrivals.append(webhook_id)
                 self.stored[webhook_id] = Delivery(
                     path, webhook_id, int(headers["webhook-timestamp"]), parsed, headers
                 )
