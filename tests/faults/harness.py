@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,13 @@ class Sink:
     async def clear_faults(self) -> None:
         async with self.http.delete(f"{self.url}/_emulator/faults") as answer:
             assert answer.status < 300, await answer.text()
+
+    async def arrivals(self) -> list[str]:
+        """The ids of the jobs the sink stored, in the order it stored them."""
+        async with self.http.get(f"{self.url}/_emulator/arrivals") as answer:
+            assert answer.status == 200, await answer.text()
+            arrivals: list[str] = (await answer.json())["arrivals"]
+            return arrivals
 
     async def ledger(self) -> dict[str, Any]:
         async with self.http.get(f"{self.url}/_emulator/ledger") as answer:
@@ -339,11 +347,12 @@ class Scene:
         )
         return {row["id"]: row["dead_reason"] for row in rows}
 
-    async def check(self) -> Report:
+    async def check(self, waiting: AbstractSet[str] = frozenset()) -> Report:
         """The history checker over the outbox, the sink's ledger and the transitions;
-        fails the test with every violation's timeline."""
+        fails the test with every violation's timeline. `waiting`: rows that may still be
+        pending (the rows of parked keys)."""
         assert self.sink is not None
-        report = await check(self.conn, await self.sink.ledger(), table=self.table)
+        report = await check(self.conn, await self.sink.ledger(), table=self.table, waiting=waiting)
         assert_clean(report)
         return report
 

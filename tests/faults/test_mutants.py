@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tests.faults import nats_scenarios, scenarios
+from tests.faults import nats_scenarios, ordered, scenarios
 from tests.faults.harness import Scene
 from tests.faults.switches.mutants import MUTANTS
 
@@ -48,6 +48,8 @@ CAUGHT_BY: dict[str, tuple[Scenario, str]] = {
         scenarios.alive_but_cut_off,
         r"claims of a live relay taken from it \(\d+\)",
     ),
+    # A key's newest row claimed before its head: the sink sees the key out of order.
+    "claims_a_later_row": (ordered.ordered_delivery, r"order violations \(\d+\)"),
     # The stream holds another message under a row's id; the mutant records it published.
     "duplicate_is_stored": (
         nats_scenarios.on_nats(nats_scenarios.same_id_different_body),

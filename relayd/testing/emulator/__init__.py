@@ -5,7 +5,8 @@ It serves the producer binding (`producer`), the worker binding with the gateway
 scripted faults of `relayd.testing.emulator.faults`, and a ledger of what each job id went through
 (`state`); `app` puts them behind one aiohttp application.
 
-Control API (no auth, no faults): ``GET /_emulator/ledger``, ``GET|POST|DELETE
+Control API (no auth, no faults): ``GET /_emulator/ledger``, ``GET /_emulator/arrivals`` (the
+ids stored, in order: ``{"arrivals": [...]}``), ``GET|POST|DELETE
 /_emulator/faults``, ``POST /_emulator/reset``, ``POST /_emulator/clock`` (``{"advance_s":
 N}``). The same operations are methods of `Emulator` for in-process tests.
 

@@ -381,6 +381,7 @@ class Emulator:
     def _control_routes(self) -> list[Route]:
         return [
             Route("GET", re.compile(r"^/_emulator/ledger$"), self._control_ledger),
+            Route("GET", re.compile(r"^/_emulator/arrivals$"), self._control_arrivals),
             Route("GET", re.compile(r"^/_emulator/faults$"), self._control_faults),
             Route("POST", re.compile(r"^/_emulator/faults$"), self._control_add_faults),
             Route("DELETE", re.compile(r"^/_emulator/faults$"), self._control_clear_faults),
@@ -391,6 +392,10 @@ class Emulator:
     def _control_ledger(self, call: Call) -> Reply:
         del call
         return Reply(200, self.ledger_json())
+
+    def _control_arrivals(self, call: Call) -> Reply:
+        del call
+        return Reply(200, {"arrivals": self.arrivals()})
 
     def _control_faults(self, call: Call) -> Reply:
         del call

@@ -20,6 +20,8 @@ launcher (tests/faults/switches/launch.py) calls it, for a relay the fault suite
 - ``lazy_claim``: the claim commits without waiting for its WAL flush, as the settles do, so
   a database crash after the POST forgets the attempt and its successor sends again without
   reconciling (C2);
+- ``claims_a_later_row``: the ordered claim takes a key's newest pending row instead of its
+  head, so a later row of a key overtakes an earlier one (ordered delivery, C10);
 - ``lost_connection_is_death``: a starting relay takes back every running lease, not only
   those of its own slot's dead predecessor, as a relay would that took a lost database
   connection for a dead process: a live relay cut off from PostgreSQL loses its claims
@@ -49,6 +51,7 @@ Mutant = Literal[
     "duplicate_is_stored",
     "lazy_claim",
     "lost_connection_is_death",
+    "claims_a_later_row",
 ]
 MUTANTS: Final[tuple[str, ...]] = get_args(Mutant)
 
@@ -167,6 +170,8 @@ def install(mutant: str, patches: Patches) -> None:
         _lazy_claim(patches)
     elif mutant == "lost_connection_is_death":
         _lost_connection_is_death(patches)
+    elif mutant == "claims_a_later_row":
+        _claims_a_later_row(patches)
     else:
         raise MutantSpecError(f"{mutant!r} is not one of {', '.join(MUTANTS)}")
 
@@ -182,6 +187,31 @@ def _duplicate_is_stored(patches: Patches) -> None:
         return wrapped
 
     patches.wrap(NatsSink, "_read_back", read_back)
+
+
+def _claims_a_later_row(patches: Patches) -> None:
+    from relayd.store import connection  # noqa: PLC0415 - relayd only once a mutant runs
+
+    def tail_first(original: Any) -> Any:
+        def load(table: Any) -> dict[str, str]:
+            queries: dict[str, str] = original(table)
+            claim = queries["claim_ordered"]
+            # The walk meets each key at its newest row rather than its head.
+            walked = claim.replace(
+                "ORDER BY ordering_key, ordering_seq\n",
+                "ORDER BY ordering_key, ordering_seq DESC\n",
+            )
+            walked = walked.replace(
+                "ORDER BY o.ordering_key, o.ordering_seq\n",
+                "ORDER BY o.ordering_key, o.ordering_seq DESC\n",
+            )
+            assert walked.count("ordering_seq DESC") == 2, "the walk's shape changed"
+            queries["claim_ordered"] = walked
+            return queries
+
+        return load
+
+    patches.wrap(connection, "load_queries", tail_first)
 
 
 def _lazy_claim(patches: Patches) -> None:

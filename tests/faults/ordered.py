@@ -1,0 +1,188 @@
+"""The ordered-delivery fault scenario: many keys of Zipf-distributed sizes on an OJS sink
+that overwrites a reused id, two relays killed with SIGKILL and restarted by turns, a
+relay frozen past its lease mid-send, transient refusals and a few permanent ones. The
+ordering checker reads the sink's arrivals; the transition checker the outbox's history."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+import time
+from dataclasses import dataclass
+
+from relayd.producer import new_job
+from tests.faults.harness import Process, Scene
+from tests.faults.order_checker import OrderReport, check_order
+from tests.faults.scenarios import OVERWRITE
+
+# Seconds without a pending row settled, after which the run stops and is judged.
+STALL_S = 15.0
+
+
+@dataclass
+class OrderedRun:
+    rows: dict[str, tuple[str, int]]  # event id -> (key, seq)
+    refused: set[str]  # heads refused for good: their keys park
+    report: OrderReport
+    parked: set[str]  # the keys parked when the run settled
+    waiting: set[str]  # the rows of parked keys, from their refused head on
+    arrived: set[str]  # the rows the sink stored
+    kills: int
+    seconds: float
+
+
+def zipf_keys(events: int, keys: int, *, seed: int, s: float = 1.1) -> list[str]:
+    """`events` keys drawn from `keys` with Zipf weights (key 0 the hottest), seeded."""
+    rng = random.Random(seed)
+    weights = [1 / (k + 1) ** s for k in range(keys)]
+    names = [f"k{k:05}" for k in range(keys)]
+    drawn = rng.choices(names, weights, k=events)
+    drawn[: len(names)] = names  # every key has at least one row
+    rng.shuffle(drawn)
+    return drawn
+
+
+async def insert(scene: Scene, keys: list[str], *, chunk: int = 2000) -> dict[str, tuple[str, int]]:
+    """Commit one row per entry of `keys`, `chunk` rows a transaction; (key, seq) by id."""
+    rows: dict[str, tuple[str, int]] = {}
+    for start in range(0, len(keys), chunk):
+        part = keys[start : start + chunk]
+        jobs = [new_job("test.ordered", [{"key": key}]) for key in part]
+        async with scene.conn.transaction():
+            numbered = await scene.conn.fetch(
+                f"INSERT INTO {scene.sql_table} (event_id, job, ordering_key) "
+                "SELECT * FROM unnest($1::uuid[], $2::jsonb[], $3::text[]) "
+                "RETURNING event_id::text, ordering_key, ordering_seq",
+                [job["id"] for job in jobs],
+                [json.dumps(job) for job in jobs],
+                part,
+            )
+        rows.update({r["event_id"]: (r["ordering_key"], r["ordering_seq"]) for r in numbered})
+    return rows
+
+
+async def ordered_under_faults(  # noqa: PLR0913 - the scenario's dimensions
+    scene: Scene,
+    *,
+    events: int,
+    keys: int,
+    seed: int = 11,
+    kill_every_s: float = 1.5,
+    transient: float = 0.05,
+    permanent: int = 3,
+) -> OrderedRun:
+    rng = random.Random(seed)
+    sink = await scene.start_sink(*OVERWRITE)
+    rows = await insert(scene, zipf_keys(events, keys, seed=seed))
+    ids = sorted(rows)
+    refused = set(rng.sample(ids, permanent))
+    flaky = rng.sample([i for i in ids if i not in refused], int(len(ids) * transient))
+    rules = [
+        {"method": "POST", "job_id": i, "action": "status", "status": 503, "times": 2}
+        for i in flaky
+    ] + [
+        {"method": "POST", "job_id": i, "action": "status", "status": 400, "times": None}
+        for i in refused
+    ]
+    for start in range(0, len(rules), 500):
+        await sink.faults(*rules[start : start + 500])
+    env = {"RELAYD_SINK__ORDERING": "key", "RELAYD_RETRY__MAX_ATTEMPTS": "20"}
+    runtime = {name: scene.base / f"run-{name}" for name in ("a", "b")}
+    for directory in runtime.values():
+        directory.mkdir()
+    relays: dict[str, Process] = {
+        name: await scene.relay(name, env=env | {"RELAYD_RELAY__RUNTIME_DIR": str(path)})
+        for name, path in runtime.items()
+    }
+    # The rows that wait behind a refused head: its key's, from the head on.
+    first_refused: dict[str, int] = {}
+    for i in refused:
+        key, seq = rows[i]
+        first_refused[key] = min(seq, first_refused.get(key, seq))
+    waiting = {i for i, (key, seq) in rows.items() if seq >= first_refused.get(key, seq + 1)}
+    started, kills, frozen_once = time.monotonic(), 0, False
+
+    progress: list[tuple[float, int]] = []
+
+    async def settled() -> bool:
+        """Nothing pending but the rows behind refused heads; or nothing has moved for
+        STALL_S (a relay that breaks the order may strand rows: the checker says which)."""
+        pending = {
+            r["event_id"]
+            for r in await scene.conn.fetch(
+                f"SELECT event_id::text FROM {scene.sql_table} "
+                "WHERE published_at IS NULL AND dead_at IS NULL"
+            )
+        }
+        now = time.monotonic()
+        if not progress or progress[-1][1] != len(pending):
+            progress.append((now, len(pending)))
+        return pending <= waiting or now - progress[-1][0] > STALL_S
+
+    deadline = started + 600
+    while not await settled():
+        assert time.monotonic() < deadline, "the ordered run did not settle in 600 s"
+        await asyncio.sleep(kill_every_s)
+        name = rng.choice(sorted(relays))
+        if kills == 2 and not frozen_once:
+            # Frozen past its lease (3 s) mid-run, then thawed: its late settles are stale.
+            relays[name].signal(signal.SIGSTOP)
+            await asyncio.sleep(4)
+            relays[name].signal(signal.SIGCONT)
+            frozen_once = True
+            continue
+        await relays[name].kill()
+        kills += 1
+        relays[name] = await scene.relay(
+            f"{name}{kills}", env=env | {"RELAYD_RELAY__RUNTIME_DIR": str(runtime[name])}
+        )
+    for proc in relays.values():
+        await proc.stop()
+    parked = {
+        r["ordering_key"]
+        for r in await scene.conn.fetch(
+            "SELECT ordering_key FROM relayd.relayd_parked_keys WHERE outbox_table = $1",
+            scene.table,
+        )
+    }
+    arrivals = await sink.arrivals()
+    report = check_order(arrivals, rows, dead=waiting)
+    return OrderedRun(
+        rows, refused, report, parked, waiting, set(arrivals), kills, time.monotonic() - started
+    )
+
+
+def summary(run: OrderedRun) -> str:
+    r = run.report
+    return (
+        f"{len(run.rows)} events, {r.keys} keys, {run.kills} kills, {run.seconds:.0f} s: "
+        f"{r.delivered} delivered, {r.repeats} repeats, {len(r.violations)} order violations, "
+        f"{len(r.lost)} lost, parked {sorted(run.parked)}"
+    )
+
+
+async def ordered_delivery_holds(scene: Scene, *, events: int = 600, keys: int = 60) -> OrderedRun:
+    """The scenario's verdict: every key in commit order, nothing lost, the refused heads'
+    keys parked and nothing else. Fails naming the count of order violations."""
+    run = await ordered_under_faults(scene, events=events, keys=keys, kill_every_s=0.5)
+    violations = run.report.violations
+    assert not violations, f"order violations ({len(violations)}): {violations[:3]}"
+    overtook = run.waiting & run.arrived
+    assert not overtook, f"rows behind a parked head delivered ({len(overtook)})"
+    if run.report.lost:
+        states = await scene.conn.fetch(
+            f"SELECT (published_at IS NOT NULL) AS published, dead_reason, "
+            f"available_at = 'infinity' AS waiting, count(*) FROM {scene.sql_table} "
+            "WHERE event_id = ANY($1::uuid[]) GROUP BY 1, 2, 3",
+            run.report.lost,
+        )
+        assert not run.report.lost, f"lost ({len(run.report.lost)}): {[tuple(r) for r in states]}"
+    assert run.parked == {run.rows[i][0] for i in run.refused}, summary(run)
+    return run
+
+
+async def ordered_delivery(scene: Scene) -> None:
+    """`ordered_delivery_holds` at its default size, as a scenario."""
+    await ordered_delivery_holds(scene)
