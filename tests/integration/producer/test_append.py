@@ -561,3 +561,40 @@ async def test_enqueue_numbers_a_keys_jobs_in_their_order(shop: Shop) -> None:
         await shop.conn.fetchval("SELECT count(*) FROM relayd.outbox WHERE job ->> 'type' = 'x.y'")
         == 0
     )
+
+
+async def test_repeatable_read_refuses_the_second_writer_of_a_key(shop: Shop) -> None:
+    """Under REPEATABLE READ the second of two transactions appending events of one key
+    fails with a serialization failure (40001) once the first commits: the key's number was
+    taken after its snapshot. Its retried transaction takes the next number."""
+    key = _key()
+    first_event, second_event = (
+        OrderChanged.new(OrderChangedV1(order_ref=key, status=status))
+        for status in ("paid", "shipped")
+    )
+    first = await asyncpg.connect(shop.dsn)
+    second = await asyncpg.connect(shop.dsn)
+    try:
+        # 1. The first appends and holds its transaction open.
+        first_tx = first.transaction(isolation="repeatable_read")
+        await first_tx.start()
+        await producer.append(first, first_event)
+        # 2. The second's append waits for it; the first commits.
+        second_tx = second.transaction(isolation="repeatable_read")
+        await second_tx.start()
+        appending = asyncio.create_task(producer.append(second, second_event))
+        await eventually(
+            lambda: _waiting_on_a_lock(shop.conn, second.get_server_pid()), timeout_s=10
+        )
+        await first_tx.commit()
+        # 3. The key's number changed after the second's snapshot: PostgreSQL refuses.
+        with pytest.raises(asyncpg.SerializationError):
+            await appending
+        await second_tx.rollback()
+        # 4. The caller's retry, in a new transaction, is numbered after the first.
+        async with second.transaction(isolation="repeatable_read"):
+            await producer.append(second, second_event)
+    finally:
+        await first.close()
+        await second.close()
+    assert await shop.keyed(key) == [(first_event.id, 1, True), (second_event.id, 2, True)]
