@@ -601,13 +601,14 @@ async def enqueue_many(
             )
     if ids:
         # Bound as text and cast in SQL, as `append` does (an application's jsonb codec).
-        # Without keys, $3 is NULL and unnest pads the column with NULLs. ORDER BY: the
-        # numbering trigger fires row by row, in the jobs' order.
+        # Without keys, $3 is NULL and unnest pads the column with NULLs: no order to keep,
+        # the statement as before keys. With keys, ORDER BY the jobs' places: the numbering
+        # trigger fires row by row, and nothing else promises the order of unnest's rows.
+        rows = "WITH ORDINALITY AS r(i, j, k, n) ORDER BY n" if ordering_keys else "AS r(i, j, k)"
         await conn.execute(
             f"INSERT INTO {outbox.qualified} (event_id, job, ordering_key) "
             "SELECT CAST(i AS uuid), CAST(j AS jsonb), k "
-            "FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS r(i, j, k, n) "
-            "ORDER BY n",
+            f"FROM unnest($1::text[], $2::text[], $3::text[]) {rows}",
             ids,
             texts,
             ordering_keys,
