@@ -19,18 +19,31 @@ only for the one it uses.
     ├── NotInTransaction    the connection is in no transaction: the event would commit
     │                       alone, without the business change (asyncpg, psycopg)
     ├── InvalidEvent        an envelope the table's checks or the relay would refuse (the
-    │                       id is not a UUIDv7, args is not an array, a NUL in a string, ...)
+    │                       id is not a UUIDv7, args is not an array, a NUL in a string, ...),
+    │                       or an ordering key the table would refuse (not 1 to 256
+    │                       characters, a NUL)
     ├── EventTooLarge       over sink.max_envelope_bytes, or over the sink kind's own bound
     │                       (NATS: the event's data over sink.max_payload_bytes)
     ├── NoRoute             the sink kind has no route for the event (NATS: no
     │                       [[sink.routes]] for its type and version)
-    └── EventIdConflict     the outbox already holds another envelope under this id
+    ├── MissingKey          the event's route is ordered (ordering = "key") and the event has
+    │                       no ordering key: the relay would dead-letter it
+    └── EventIdConflict     the outbox already holds another envelope, or the same envelope
+                            under another ordering key, under this id
 
-Appending an id the outbox holds with the same envelope (by jsonb equality) does nothing: a
-retried transaction callback, a redelivered request. Two transactions racing on one id end
-with one row: at READ COMMITTED the second waits for the first, then finds its row (no-op
-or `EventIdConflict`); at REPEATABLE READ or SERIALIZABLE PostgreSQL fails the second with a
-serialization failure, for the caller to retry (docs/producers.md#idempotence).
+Appending an id the outbox holds with the same envelope (by jsonb equality) and the same
+ordering key does nothing: a retried transaction callback, a redelivered request. Two
+transactions racing on one id end with one row: at READ COMMITTED the second waits for the
+first, then finds its row (no-op or `EventIdConflict`); at REPEATABLE READ or SERIALIZABLE
+PostgreSQL fails the second with a serialization failure, for the caller to retry
+(docs/producers.md#idempotence).
+
+Ordered delivery (docs/producers.md#ordered-delivery): an event may carry an ordering key
+(`define_event(..., key=...)` computes it from the data, `append(..., key=...)` gives it),
+stored in the row's `ordering_key`. The outbox's trigger numbers a key's rows in the order
+their transactions commit, and the relay delivers them in that order, one at a time: a
+keyed row is always ordered. A route's `ordering = "key"` makes the key required
+(`MissingKey` without one) and decides what becomes of a key whose head fails for good.
 """
 
 from __future__ import annotations
@@ -40,11 +53,11 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -76,6 +89,9 @@ DEFAULT_TABLE = OutboxTable.parse("relayd.outbox")
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # The table refuses a pending row whose event_id is not a version 7, RFC 4122 variant UUID.
 _UUID7 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+# The table refuses an ordering key outside 1 to this many characters
+# (relayd_ordering_key_length, migrations/0011_ordering.sql).
+MAX_KEY_CHARS = 256
 
 
 class AppendError(RelaydError):
@@ -98,15 +114,44 @@ class NoRoute(AppendError):
     """The NATS sink has no route for the event's type and version."""
 
 
+class MissingKey(AppendError):
+    """The event's route is ordered (`ordering = "key"`) and the event has no ordering key:
+    the relay would dead-letter it."""
+
+
 class EventIdConflict(AppendError):
-    """The outbox already holds a different envelope under the event's id."""
+    """The outbox already holds a different envelope, or the same envelope under another
+    ordering key, under the event's id."""
 
     def __init__(self, event_id: str) -> None:
         super().__init__(
-            f"event {event_id} is already in the outbox with a different envelope "
-            "(an id is appended once; a new event needs a new id)"
+            f"event {event_id} is already in the outbox with a different envelope or ordering "
+            "key (an id is appended once; a new event needs a new id)"
         )
         self.event_id = event_id
+
+
+def checked_key(key: object, what: str = "the ordering key") -> str:
+    """`key` as the outbox stores it in `ordering_key`, or `InvalidEvent` saying what the
+    table would refuse of it (`what` names it in the message; the key itself is not
+    repeated: it is the application's data)."""
+    if not isinstance(key, str):
+        raise InvalidEvent(
+            f"{what} must be a str, not {'None' if key is None else type(key).__name__}"
+        )
+    if not key:
+        raise InvalidEvent(f"{what} is empty: a key is 1 to {MAX_KEY_CHARS} characters")
+    if len(key) > MAX_KEY_CHARS:
+        raise InvalidEvent(
+            f"{what} is {len(key)} characters long: a key is 1 to {MAX_KEY_CHARS} characters"
+        )
+    if "\x00" in key:
+        raise InvalidEvent(f"{what} holds the NUL character, which PostgreSQL text refuses")
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        raise InvalidEvent(f"{what} holds a lone surrogate, which is not UTF-8") from None
+    return str(key)  # a subclass of str, as the plain str the driver sends
 
 
 # --- typed events -------------------------------------------------------------------------
@@ -122,6 +167,9 @@ class Event:
     version: int
     occurred_at: str
     job: str
+    # The ordering key (`define_event(..., key=...)`), stored in the row's `ordering_key`;
+    # None: the event is not ordered.
+    key: str | None = None
 
     @property
     def envelope(self) -> dict[str, Any]:
@@ -149,6 +197,8 @@ class EventType(Generic[M]):
     version: int
     model: builtins.type[M]  # the field `type` shadows the builtin here
     queue: str | None = None
+    # The event's ordering key from its data; None: its events carry none.
+    key: Callable[[M], str] | None = None
 
     def new(
         self,
@@ -159,8 +209,10 @@ class EventType(Generic[M]):
     ) -> Event:
         """The event carrying `data` (validated by the model when given as a mapping), under
         `event_id` (a new UUIDv7 by default), that occurred at `occurred_at` (an aware
-        datetime; now by default). The active OpenTelemetry span's W3C trace context, if
-        any, goes into `meta` now, not at append."""
+        datetime; now by default), with the ordering key the type's `key` function gives
+        for the data, if it has one (what the function raises is passed on). The active
+        OpenTelemetry span's W3C trace context, if any, goes into `meta` now, not at
+        append."""
         what = f"{self.type} v{self.version}"
         if not isinstance(data, self.model):
             try:
@@ -173,6 +225,7 @@ class EventType(Generic[M]):
                 ) from None
             except RecursionError:
                 raise InvalidEvent(f"{what}: the data nests too deep") from None
+        key = None if self.key is None else checked_key(self.key(data), f"{what}: the key")
         if event_id is None:
             event_id = uuid7()
         elif not isinstance(event_id, str) or not _UUID7.match(event_id):
@@ -206,14 +259,22 @@ class EventType(Generic[M]):
         # What the relay would refuse of it (a depth beyond its bound, a lone surrogate) is
         # refused now, not at append: an event that exists can be appended.
         _checked(job)
-        return Event(event_id, self.type, self.version, stamp, job)
+        return Event(event_id, self.type, self.version, stamp, job, key)
 
 
 def define_event(
-    event_type: str, version: int, model: type[M], *, queue: str | None = None
+    event_type: str,
+    version: int,
+    model: type[M],
+    *,
+    queue: str | None = None,
+    key: Callable[[M], str] | None = None,
 ) -> EventType[M]:
     """An event type (`order.updated`), its schema version (an integer from 1) and the
-    pydantic model of its data; `queue` routes it on an OJS sink (`options.queue`)."""
+    pydantic model of its data; `queue` routes it on an OJS sink (`options.queue`); `key`
+    gives each event's ordering key from its data (`key=lambda data: f"order-{data.id}"`),
+    a str of 1 to 256 characters: the relay delivers the events of a key in the order their
+    transactions committed."""
     if not isinstance(event_type, str) or not (
         len(event_type) <= MAX_TYPE_CHARS and TYPE_PATTERN.match(event_type)
     ):
@@ -232,10 +293,24 @@ def define_event(
             f"{event_type}: a queue matches {QUEUE_PATTERN.pattern} (at most "
             f"{MAX_QUEUE_CHARS} characters), not {queue!r}"
         )
-    return EventType(event_type, version, model, queue)
+    if key is not None and not callable(key):
+        raise InvalidEvent(
+            f"{event_type}: key is a function of the data that returns the ordering key, "
+            f"not a {type(key).__name__}"
+        )
+    return EventType(event_type, version, model, queue, key)
 
 
 # --- the outbox and its bounds ------------------------------------------------------------
+
+
+class Prepared(NamedTuple):
+    """What `append` writes, once every check passed: the row's `event_id`, its `job` (the
+    envelope's JSON text) and its `ordering_key` (None: none)."""
+
+    event_id: str
+    job: str
+    key: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,11 +350,21 @@ class Outbox:
         """The sink's bound on a stored envelope (`sink.max_envelope_bytes`)."""
         return self.sink.max_envelope_bytes
 
-    def prepare(self, event: Event | Mapping[str, Any]) -> tuple[str, str]:
-        """The event's id and envelope text, once every bound holds; an `AppendError`
-        saying which does not. Pure: what `append` checks before it writes."""
+    def prepare(self, event: Event | Mapping[str, Any], *, key: str | None = None) -> Prepared:
+        """The event's id, envelope text and ordering key (`key`, or the event's own), once
+        every bound holds; an `AppendError` saying which does not. Pure: what `append` checks
+        before it writes."""
+        if key is not None:
+            key = checked_key(key)
         if isinstance(event, Event):
             text = event.job
+            if event.key is not None:
+                if key is not None and key != event.key:
+                    raise InvalidEvent(
+                        f"event {event.id}: the key given differs from the event's own (from "
+                        "its type's key function): give one or the other"
+                    )
+                key = checked_key(event.key, f"event {event.id}: the ordering key")
         else:
             try:
                 text = _json_text(dict(event))
@@ -291,7 +376,13 @@ class Outbox:
         refused = refusal(self.sink, envelope, len(_stored_text(text)))
         if refused is not None:
             raise _append_error(refused, envelope.id)
-        return envelope.id, text
+        if key is None and self.sink.order_policy(envelope).ordered:
+            raise MissingKey(
+                f"event {envelope.id}: events of type {envelope.type!r} are delivered in order "
+                'per key (ordering = "key", on its route or the sink) and this one has no '
+                "ordering key: give it one (append(..., key=...), or define_event(..., key=...))"
+            )
+        return Prepared(envelope.id, text, key)
 
 
 def _append_error(dead: DeadLetter, event_id: str) -> AppendError:
@@ -347,9 +438,9 @@ def _checked(text: str) -> Envelope:
 
 
 def settle(event_id: str, same: bool | None) -> bool:
-    """After an insert that found the id taken, what the stored envelope says: True (the
-    same: nothing to do), False (gone since, deleted by retention: insert again), or
-    `EventIdConflict` (another envelope)."""
+    """After an insert that found the id taken, what the stored row says: True (the same
+    envelope and ordering key: nothing to do), False (gone since, deleted by retention:
+    insert again), or `EventIdConflict` (another envelope or key)."""
     if same is None:
         return False
     if not same:
@@ -375,19 +466,29 @@ def vanished(event_id: str) -> AppendError:
 
 def statements(table: OutboxTable, style: Literal["$", "%s", ":"]) -> tuple[str, str]:
     """The insert that does nothing on a taken id and the comparison read in a new
-    statement, with placeholders in the driver's `style`: `$` (asyncpg, by position), `%s`
-    (psycopg, by name) or `:` (SQLAlchemy's text(), by name; it takes no `::` after a name,
-    hence CAST)."""
-    marks = {"$": ("$1", "$2"), "%s": ("%(id)s", "%(job)s"), ":": (":id", ":job")}[style]
-    ident, body = marks
+    statement, with placeholders in the driver's `style`: `$` (asyncpg, by position: id,
+    job, key), `%s` (psycopg, by name) or `:` (SQLAlchemy's text(), by name; it takes no
+    `::` after a name, hence CAST). The key is NULL for an event without one: the numbering
+    trigger does not fire."""
+    marks = {
+        "$": ("$1", "$2", "$3"),
+        "%s": ("%(id)s", "%(job)s", "%(key)s"),
+        ":": (":id", ":job", ":key"),
+    }[style]
+    ident, body, mark = marks
     # Both are bound as text, cast in SQL: a codec the application registered for jsonb
     # (asyncpg's set_type_codec) would otherwise encode the envelope's text a second time.
     event_id, job = f"CAST(CAST({ident} AS text) AS uuid)", f"CAST(CAST({body} AS text) AS jsonb)"
+    key = f"CAST({mark} AS text)"
     insert = (
-        f"INSERT INTO {table.qualified} (event_id, job) VALUES ({event_id}, {job}) "
-        "ON CONFLICT (event_id) DO NOTHING RETURNING true"
+        f"INSERT INTO {table.qualified} (event_id, job, ordering_key) "
+        f"VALUES ({event_id}, {job}, {key}) ON CONFLICT (event_id) DO NOTHING RETURNING true"
     )
-    compare = f"SELECT job = {job} FROM {table.qualified} WHERE event_id = {event_id}"
+    # The key is part of the event: the same envelope under another key is a conflict.
+    compare = (
+        f"SELECT job = {job} AND ordering_key IS NOT DISTINCT FROM {key} "
+        f"FROM {table.qualified} WHERE event_id = {event_id}"
+    )
     return insert, compare
 
 
@@ -398,18 +499,23 @@ DEFAULT_OUTBOX = Outbox()
 
 
 async def append(
-    conn: asyncpg.Connection, event: Event | Mapping[str, Any], *, outbox: Outbox = DEFAULT_OUTBOX
+    conn: asyncpg.Connection,
+    event: Event | Mapping[str, Any],
+    *,
+    outbox: Outbox = DEFAULT_OUTBOX,
+    key: str | None = None,
 ) -> None:
-    """Append `event` in `conn`'s transaction (asyncpg); a no-op if the outbox holds the
-    same envelope under its id. `AppendError` (module docstring) if it cannot."""
-    event_id, job = outbox.prepare(event)
+    """Append `event` in `conn`'s transaction (asyncpg) under its ordering key (`key`, or
+    the event's own; None: none); a no-op if the outbox holds the same envelope and key
+    under its id. `AppendError` (module docstring) if it cannot."""
+    event_id, job, ordering_key = outbox.prepare(event, key=key)
     if not conn.is_in_transaction():
         raise NotInTransaction(NO_TRANSACTION)
     insert, compare = statements(outbox.table, "$")
     for _ in range(INSERT_TRIES):
-        if await conn.fetchval(insert, event_id, job) is not None:
+        if await conn.fetchval(insert, event_id, job, ordering_key) is not None:
             return
-        if settle(event_id, await conn.fetchval(compare, event_id, job)):
+        if settle(event_id, await conn.fetchval(compare, event_id, job, ordering_key)):
             return
     raise vanished(event_id)
 
@@ -450,11 +556,16 @@ def new_job(
 
 
 async def enqueue(
-    conn: asyncpg.Connection, job: dict[str, Any], *, table: OutboxTable | str = "relayd.outbox"
+    conn: asyncpg.Connection,
+    job: dict[str, Any],
+    *,
+    table: OutboxTable | str = "relayd.outbox",
+    key: str | None = None,
 ) -> str:
-    """Insert one envelope; call it inside the transaction that makes the business change.
-    Unchecked and not idempotent (a taken id fails on the primary key): `append` is both."""
-    await enqueue_many(conn, [job], table=table)
+    """Insert one envelope under the ordering key `key` (None: none); call it inside the
+    transaction that makes the business change. Unchecked and not idempotent (a taken id
+    fails on the primary key): `append` is both. Only the key is checked (`InvalidEvent`)."""
+    await enqueue_many(conn, [job], table=table, keys=[key])
     return str(job["id"])
 
 
@@ -463,8 +574,11 @@ async def enqueue_many(
     jobs: Iterable[dict[str, Any]],
     *,
     table: OutboxTable | str = "relayd.outbox",
+    keys: Iterable[str | None] | None = None,
 ) -> int:
-    """Insert many envelopes in one statement (one round trip); returns how many.
+    """Insert many envelopes in one statement (one round trip); returns how many. `keys`
+    gives each job's ordering key, in the jobs' order (None for a job without one); the
+    jobs of one key are numbered in that order. Only the keys are checked (`InvalidEvent`).
 
     One statement, not one per row: PostgreSQL prepares the outbox's CHECK constraints and
     fires its NOTIFY trigger once per statement, which made ten single-row INSERTs cost
@@ -475,13 +589,28 @@ async def enqueue_many(
     for job in jobs:
         ids.append(job["id"])
         texts.append(json.dumps(job))
+    ordering_keys: list[str | None] | None = None
+    if keys is not None:
+        ordering_keys = [
+            None if key is None else checked_key(key, f"job {index}: the ordering key")
+            for index, key in enumerate(keys)
+        ]
+        if len(ordering_keys) != len(ids):
+            raise InvalidEvent(
+                f"{len(ids)} jobs and {len(ordering_keys)} keys: give one key (or None) per job"
+            )
     if ids:
         # Bound as text and cast in SQL, as `append` does (an application's jsonb codec).
+        # Without keys, $3 is NULL and unnest pads the column with NULLs: no order to keep,
+        # the statement as before keys. With keys, ORDER BY the jobs' places: the numbering
+        # trigger fires row by row, and nothing else promises the order of unnest's rows.
+        rows = "WITH ORDINALITY AS r(i, j, k, n) ORDER BY n" if ordering_keys else "AS r(i, j, k)"
         await conn.execute(
-            f"INSERT INTO {outbox.qualified} (event_id, job) "
-            "SELECT CAST(i AS uuid), CAST(j AS jsonb) "
-            "FROM unnest($1::text[], $2::text[]) AS r(i, j)",
+            f"INSERT INTO {outbox.qualified} (event_id, job, ordering_key) "
+            "SELECT CAST(i AS uuid), CAST(j AS jsonb), k "
+            f"FROM unnest($1::text[], $2::text[], $3::text[]) {rows}",
             ids,
             texts,
+            ordering_keys,
         )
     return len(ids)

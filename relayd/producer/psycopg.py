@@ -30,12 +30,17 @@ def append(
     event: Event | Mapping[str, Any],
     *,
     outbox: Outbox = ...,
+    key: str | None = ...,
 ) -> Coroutine[Any, Any, None]: ...
 
 
 @overload
 def append(
-    conn: psycopg.Connection[Any], event: Event | Mapping[str, Any], *, outbox: Outbox = ...
+    conn: psycopg.Connection[Any],
+    event: Event | Mapping[str, Any],
+    *,
+    outbox: Outbox = ...,
+    key: str | None = ...,
 ) -> None: ...
 
 
@@ -44,14 +49,17 @@ def append(
     event: Event | Mapping[str, Any],
     *,
     outbox: Outbox = DEFAULT_OUTBOX,
+    key: str | None = None,
 ) -> Coroutine[Any, Any, None] | None:
-    """Append `event` in `conn`'s transaction (await it on an `AsyncConnection`); a no-op
-    if the outbox holds the same envelope under its id. `AppendError` if it cannot."""
-    event_id, job = outbox.prepare(event)  # raised at the call, before any await
+    """Append `event` in `conn`'s transaction (await it on an `AsyncConnection`) under its
+    ordering key (`key`, or the event's own; None: none); a no-op if the outbox holds the
+    same envelope and key under its id. `AppendError` if it cannot."""
+    # Raised at the call, before any await.
+    event_id, job, ordering_key = outbox.prepare(event, key=key)
     # Without autocommit, psycopg opens a transaction at the first statement.
     if conn.autocommit and conn.info.transaction_status != TransactionStatus.INTRANS:
         raise NotInTransaction(NO_TRANSACTION)
-    params = {"id": event_id, "job": job}
+    params = {"id": event_id, "job": job, "key": ordering_key}
     insert, compare = statements(outbox.table, "%s")
     if isinstance(conn, psycopg.AsyncConnection):
         return _append_async(conn, insert, compare, params)
@@ -65,12 +73,13 @@ def append(
 
 
 async def _append_async(
-    conn: psycopg.AsyncConnection[Any], insert: str, compare: str, params: dict[str, str]
+    conn: psycopg.AsyncConnection[Any], insert: str, compare: str, params: dict[str, str | None]
 ) -> None:
+    event_id = str(params["id"])
     for _ in range(INSERT_TRIES):
         if await (await conn.execute(insert, params)).fetchone() is not None:
             return
         row = await (await conn.execute(compare, params)).fetchone()
-        if settle(params["id"], None if row is None else row[0]):
+        if settle(event_id, None if row is None else row[0]):
             return
-    raise vanished(params["id"])
+    raise vanished(event_id)

@@ -30,12 +30,17 @@ def append(
     event: Event | Mapping[str, Any],
     *,
     outbox: Outbox = ...,
+    key: str | None = ...,
 ) -> Coroutine[Any, Any, None]: ...
 
 
 @overload
 def append(
-    conn: Connection | Session, event: Event | Mapping[str, Any], *, outbox: Outbox = ...
+    conn: Connection | Session,
+    event: Event | Mapping[str, Any],
+    *,
+    outbox: Outbox = ...,
+    key: str | None = ...,
 ) -> None: ...
 
 
@@ -44,12 +49,15 @@ def append(
     event: Event | Mapping[str, Any],
     *,
     outbox: Outbox = DEFAULT_OUTBOX,
+    key: str | None = None,
 ) -> Coroutine[Any, Any, None] | None:
     """Append `event` in the transaction of `conn` (await it on an `AsyncConnection` or
-    `AsyncSession`); a no-op if the outbox holds the same envelope under its id.
-    `AppendError` if it cannot."""
-    event_id, job = outbox.prepare(event)  # raised at the call, before any await
-    params = {"id": event_id, "job": job}
+    `AsyncSession`) under its ordering key (`key`, or the event's own; None: none); a no-op
+    if the outbox holds the same envelope and key under its id. `AppendError` if it
+    cannot."""
+    # Raised at the call, before any await.
+    event_id, job, ordering_key = outbox.prepare(event, key=key)
+    params = {"id": event_id, "job": job, "key": ordering_key}
     insert, compare = (text(sql) for sql in statements(outbox.table, ":"))
     if isinstance(conn, AsyncConnection | AsyncSession):
         return _append_async(conn, insert, compare, params)
@@ -65,11 +73,12 @@ async def _append_async(
     conn: AsyncConnection | AsyncSession,
     insert: TextClause,
     compare: TextClause,
-    params: dict[str, str],
+    params: dict[str, str | None],
 ) -> None:
+    event_id = str(params["id"])
     for _ in range(INSERT_TRIES):
         if (await conn.execute(insert, params)).first() is not None:
             return
-        if settle(params["id"], (await conn.execute(compare, params)).scalar()):
+        if settle(event_id, (await conn.execute(compare, params)).scalar()):
             return
-    raise vanished(params["id"])
+    raise vanished(event_id)

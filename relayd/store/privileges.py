@@ -229,9 +229,12 @@ STATEMENTS: Mapping[str, Needs] = {
 # `append`'s insert, which does nothing on a taken id, and its comparison with the row
 # holding that id; `enqueue` and `enqueue_many` insert alone. ON CONFLICT reads the conflict
 # target (SELECT); the row checks' trigger calls relayd_check_row as the inserting role, and
-# available_at's default calls relayd_available_at. The NOTIFY trigger's function, and the
-# checks' trigger function, need nothing: PostgreSQL checks a trigger function's EXECUTE
-# when the trigger is created, not when it fires (and pg_notify is PUBLIC's).
+# available_at's default calls relayd_available_at. A keyed row's numbering trigger upserts
+# its key's last number in relayd_key_seqs as the inserting role (INSERT ... ON CONFLICT DO
+# UPDATE ... RETURNING: SELECT, INSERT and UPDATE, the last checked even for a new key). The
+# NOTIFY trigger's function, and the checks' and the numbering's trigger functions, need
+# nothing: PostgreSQL checks a trigger function's EXECUTE when the trigger is created, not
+# when it fires (and pg_notify is PUBLIC's).
 PRODUCER_STATEMENTS: Mapping[str, Needs] = {
     "append_insert": {
         Obj.OUTBOX: ("SELECT", "INSERT"),
@@ -324,7 +327,8 @@ TASKS: Mapping[Role, tuple[Task, ...]] = {
     Role.PRODUCER: (
         Task(
             "insert events in the application's transaction (append, enqueue, enqueue_many): "
-            "the row checks and available_at's default run as the inserting role",
+            "the row checks, available_at's default and a keyed row's numbering run as the "
+            "inserting role",
             ("append_insert",),
         ),
         Task("compare an event appended again with the stored one (a no-op)", ("append_compare",)),

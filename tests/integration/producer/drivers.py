@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from relayd import producer
-from relayd.producer import Event
+from relayd.producer import DEFAULT_OUTBOX, Event, Outbox
 from relayd.producer import psycopg as producer_psycopg
 from relayd.producer import sqlalchemy as producer_sqlalchemy
 
@@ -27,7 +27,13 @@ class Tx(Protocol):
     pid: int
 
     async def execute(self, sql: str) -> None: ...
-    async def append(self, event: Event | Mapping[str, Any]) -> None: ...
+    async def append(
+        self,
+        event: Event | Mapping[str, Any],
+        *,
+        key: str | None = None,
+        outbox: Outbox = DEFAULT_OUTBOX,
+    ) -> None: ...
     async def commit(self) -> None: ...
     async def rollback(self) -> None: ...
     async def close(self) -> None: ...
@@ -48,8 +54,14 @@ class AsyncpgTx:
     async def execute(self, sql: str) -> None:
         await self._conn.execute(sql)
 
-    async def append(self, event: Event | Mapping[str, Any]) -> None:
-        await producer.append(self._conn, event)
+    async def append(
+        self,
+        event: Event | Mapping[str, Any],
+        *,
+        key: str | None = None,
+        outbox: Outbox = DEFAULT_OUTBOX,
+    ) -> None:
+        await producer.append(self._conn, event, key=key, outbox=outbox)
 
     async def commit(self) -> None:
         await self._tx.commit()
@@ -75,8 +87,17 @@ class PsycopgTx:
     async def execute(self, sql: str) -> None:
         await asyncio.to_thread(self._conn.execute, sql)
 
-    async def append(self, event: Event | Mapping[str, Any]) -> None:
-        await asyncio.to_thread(producer_psycopg.append, self._conn, event)
+    async def append(
+        self,
+        event: Event | Mapping[str, Any],
+        *,
+        key: str | None = None,
+        outbox: Outbox = DEFAULT_OUTBOX,
+    ) -> None:
+        def run() -> None:
+            producer_psycopg.append(self._conn, event, key=key, outbox=outbox)
+
+        await asyncio.to_thread(run)
 
     async def commit(self) -> None:
         await asyncio.to_thread(self._conn.commit)
@@ -100,8 +121,14 @@ class PsycopgAsyncTx:
     async def execute(self, sql: str) -> None:
         await self._conn.execute(sql)
 
-    async def append(self, event: Event | Mapping[str, Any]) -> None:
-        await producer_psycopg.append(self._conn, event)
+    async def append(
+        self,
+        event: Event | Mapping[str, Any],
+        *,
+        key: str | None = None,
+        outbox: Outbox = DEFAULT_OUTBOX,
+    ) -> None:
+        await producer_psycopg.append(self._conn, event, key=key, outbox=outbox)
 
     async def commit(self) -> None:
         await self._conn.commit()
@@ -138,9 +165,15 @@ class SqlalchemyTx:
     async def execute(self, sql: str) -> None:
         await asyncio.to_thread(self._conn.execute, text(sql))
 
-    async def append(self, event: Event | Mapping[str, Any]) -> None:
+    async def append(
+        self,
+        event: Event | Mapping[str, Any],
+        *,
+        key: str | None = None,
+        outbox: Outbox = DEFAULT_OUTBOX,
+    ) -> None:
         def run() -> None:
-            producer_sqlalchemy.append(self._conn, event)
+            producer_sqlalchemy.append(self._conn, event, key=key, outbox=outbox)
 
         await asyncio.to_thread(run)
 
@@ -178,8 +211,14 @@ class SqlalchemyAsyncTx:
     async def execute(self, sql: str) -> None:
         await self._conn.execute(text(sql))
 
-    async def append(self, event: Event | Mapping[str, Any]) -> None:
-        await producer_sqlalchemy.append(self._conn, event)
+    async def append(
+        self,
+        event: Event | Mapping[str, Any],
+        *,
+        key: str | None = None,
+        outbox: Outbox = DEFAULT_OUTBOX,
+    ) -> None:
+        await producer_sqlalchemy.append(self._conn, event, key=key, outbox=outbox)
 
     async def commit(self) -> None:
         await self._conn.commit()

@@ -1,7 +1,8 @@
 """Appending events from every driver the producer supports, on PostgreSQL: in the caller's
 transaction (committed and rolled back with the business change), idempotent by id, and a
-different envelope under a taken id refused, also when two transactions race
-(docs/producers.md)."""
+different envelope under a taken id refused, also when two transactions race; ordering keys
+stored and numbered in commit order, a second writer of a key waiting for the first, and an
+event without a key refused on an ordered route (docs/producers.md)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from relayd.producer import (
     EventIdConflict,
     EventTooLarge,
     InvalidEvent,
+    MissingKey,
     NotInTransaction,
     Outbox,
     define_event,
@@ -41,6 +43,15 @@ class OrderUpdatedV1(BaseModel):
 
 
 OrderUpdated = define_event("order.updated", 1, OrderUpdatedV1)
+
+
+class OrderChangedV1(BaseModel):
+    order_ref: str
+    status: str
+
+
+# Events ordered per order: the key is the order's reference.
+OrderChanged = define_event("order.changed", 1, OrderChangedV1, key=lambda data: data.order_ref)
 
 
 @pytest.fixture(params=DRIVERS, ids=[driver.name for driver in DRIVERS])
@@ -71,6 +82,17 @@ class Shop:
             "outbox": {row["id"]: json.loads(row["job"]) for row in rows},
             "orders": [row["id"] for row in found],
         }
+
+    async def keyed(self, key: str) -> list[tuple[str, int, bool]]:
+        """The rows of `key`, in its order: each one's id, number, and whether it is out of
+        the unordered claim's reach (available_at 'infinity', for the ordered claim)."""
+        rows = await self.conn.fetch(
+            "SELECT event_id::text AS id, ordering_seq AS seq, "
+            "available_at = 'infinity' AS for_the_ordered_claim "
+            "FROM relayd.outbox WHERE ordering_key = $1 ORDER BY ordering_seq",
+            key,
+        )
+        return [(row["id"], row["seq"], row["for_the_ordered_claim"]) for row in rows]
 
 
 @pytest.fixture
@@ -393,3 +415,186 @@ async def test_an_appended_event_is_the_job_the_ojs_sink_enqueues(
     assert {key: entry.job[key] for key in ("id", "type", "args", "meta")} == {
         key: event.envelope[key] for key in ("id", "type", "args", "meta")
     }
+
+
+def _key() -> str:
+    """A key of the test's own: the module's tests share one database and its numbering."""
+    return f"order-{uuid.uuid4().hex[:12]}"
+
+
+async def test_keyed_appends_are_numbered_in_commit_order(driver: Driver, shop: Shop) -> None:
+    """A key's rows, each appended in a transaction of its own, by a key function, by `key=`
+    for a plain job and for an event without one, are stored under the key and numbered
+    1, 2, 3 by the outbox's trigger, out of the unordered claim's reach. Appended again,
+    under the same key, a row is a no-op; under no key or another key, a conflict."""
+    key = _key()
+    changed = OrderChanged.new(OrderChangedV1(order_ref=key, status="paid"))
+    job = new_job("order.fulfill", [{"order_ref": key}], queue="orders")
+    updated = _event()
+    for event, given in ((changed, None), (job, key), (updated, key)):
+        tx = await _opened(driver, shop)
+        try:
+            await tx.append(event, key=given)
+            await tx.commit()
+        finally:
+            await tx.close()
+    ids = [changed.id, job["id"], updated.id]
+    assert await shop.keyed(key) == [(ids[0], 1, True), (ids[1], 2, True), (ids[2], 3, True)]
+    tx = await _opened(driver, shop)
+    try:
+        await tx.append(changed)
+        await tx.append(job, key=key)
+        with pytest.raises(EventIdConflict, match=job["id"]):
+            await tx.append(job)
+        with pytest.raises(EventIdConflict, match=updated.id):
+            await tx.append(updated, key=_key())
+        await tx.commit()
+    finally:
+        await tx.close()
+    assert [row[0] for row in await shop.keyed(key)] == ids
+    assert (await shop.stored(*ids))["outbox"] == {
+        changed.id: changed.envelope,
+        job["id"]: job,
+        updated.id: updated.envelope,
+    }
+
+
+@pytest.mark.parametrize("first_ends", ["commit", "rollback"])
+async def test_a_second_writer_of_a_key_waits_for_the_first(
+    driver: Driver, shop: Shop, first_ends: str
+) -> None:
+    """Two transactions appending events of one key: the second waits on the first's lock
+    of the key until the first ends, then takes the next number (after a commit) or the
+    first (after a rollback): the numbers follow the commits."""
+    key = _key()
+    first_event, second_event = (
+        OrderChanged.new(OrderChangedV1(order_ref=key, status=status))
+        for status in ("paid", "shipped")
+    )
+    first = await _opened(driver, shop)
+    second = await _opened(driver, shop)
+    try:
+        # 1. The first appends and holds its transaction open.
+        await first.append(first_event)
+        # 2. The second's append of another event of the key blocks on the first.
+        appending = asyncio.create_task(second.append(second_event))
+        await eventually(lambda: _waiting_on_a_lock(shop.conn, second.pid), timeout_s=10)
+        assert not appending.done()
+        # 3. The first ends; the second's append goes on, numbered after what committed.
+        await (first.commit() if first_ends == "commit" else first.rollback())
+        await appending
+        await second.commit()
+    finally:
+        await first.close()
+        await second.close()
+    expected = [(second_event.id, 1, True)]
+    if first_ends == "commit":
+        expected = [(first_event.id, 1, True), (second_event.id, 2, True)]
+    assert await shop.keyed(key) == expected
+
+
+# A webhook sink whose route of order.changed is ordered, and whose other events go
+# unordered to its default URL.
+ORDERED = Outbox.from_sink(
+    {
+        "kind": "webhook",
+        "url": "https://hooks.example.com/all",
+        "routes": [
+            {"type": "order.changed", "url": "https://hooks.example.com/o", "ordering": "key"}
+        ],
+    }
+)
+
+
+async def test_an_ordered_route_refuses_an_event_without_a_key(driver: Driver, shop: Shop) -> None:
+    """On an ordered route, an event without a key is `MissingKey` and nothing is written;
+    the same transaction goes on and appends it with a key. An unordered route's event
+    stores the key it is given."""
+    key = _key()
+    unkeyed = define_event("order.changed", 1, OrderChangedV1).new(
+        OrderChangedV1(order_ref=key, status="paid")
+    )
+    updated = _event()
+    tx = await _opened(driver, shop)
+    try:
+        with pytest.raises(MissingKey, match=unkeyed.id):
+            await tx.append(unkeyed, outbox=ORDERED)
+        await tx.append(unkeyed, outbox=ORDERED, key=key)
+        await tx.append(updated, outbox=ORDERED, key=key)
+        await tx.commit()
+    finally:
+        await tx.close()
+    assert await shop.keyed(key) == [(unkeyed.id, 1, True), (updated.id, 2, True)]
+
+
+async def test_enqueue_numbers_a_keys_jobs_in_their_order(shop: Shop) -> None:
+    """`enqueue_many(keys=...)` stores each job's key (None: none, due at once as before)
+    and numbers a key's jobs in the list's order, in one statement; `enqueue(key=...)`
+    takes the key's next number. A bad key, or a key too few, is `InvalidEvent` and nothing
+    is written."""
+    first, second = _key(), _key()
+    jobs = [new_job("order.fulfill", [{"n": n}]) for n in range(5)]
+    ids = [job["id"] for job in jobs]
+    alone = new_job("order.fulfill", [{"n": 5}])
+    async with shop.conn.transaction():
+        keys = [first, None, first, second, first]
+        assert await producer.enqueue_many(shop.conn, jobs, keys=iter(keys)) == 5
+        assert await producer.enqueue(shop.conn, alone, key=second) == alone["id"]
+        with pytest.raises(InvalidEvent, match="2 jobs and 1 keys"):
+            await producer.enqueue_many(
+                shop.conn, [new_job("x.y", []), new_job("x.y", [])], keys=[first]
+            )
+        with pytest.raises(InvalidEvent, match="job 1: the ordering key is empty"):
+            await producer.enqueue_many(
+                shop.conn, [new_job("x.y", []), new_job("x.y", [])], keys=[first, ""]
+            )
+    assert await shop.keyed(first) == [(ids[0], 1, True), (ids[2], 2, True), (ids[4], 3, True)]
+    assert await shop.keyed(second) == [(ids[3], 1, True), (alone["id"], 2, True)]
+    unkeyed = await shop.conn.fetchrow(
+        "SELECT ordering_key, ordering_seq, available_at < 'infinity' AS due "
+        "FROM relayd.outbox WHERE event_id = $1",
+        ids[1],
+    )
+    assert unkeyed is not None
+    assert dict(unkeyed) == {"ordering_key": None, "ordering_seq": None, "due": True}
+    assert (
+        await shop.conn.fetchval("SELECT count(*) FROM relayd.outbox WHERE job ->> 'type' = 'x.y'")
+        == 0
+    )
+
+
+async def test_repeatable_read_refuses_the_second_writer_of_a_key(shop: Shop) -> None:
+    """Under REPEATABLE READ the second of two transactions appending events of one key
+    fails with a serialization failure (40001) once the first commits: the key's number was
+    taken after its snapshot. Its retried transaction takes the next number."""
+    key = _key()
+    first_event, second_event = (
+        OrderChanged.new(OrderChangedV1(order_ref=key, status=status))
+        for status in ("paid", "shipped")
+    )
+    first = await asyncpg.connect(shop.dsn)
+    second = await asyncpg.connect(shop.dsn)
+    try:
+        # 1. The first appends and holds its transaction open.
+        first_tx = first.transaction(isolation="repeatable_read")
+        await first_tx.start()
+        await producer.append(first, first_event)
+        # 2. The second's append waits for it; the first commits.
+        second_tx = second.transaction(isolation="repeatable_read")
+        await second_tx.start()
+        appending = asyncio.create_task(producer.append(second, second_event))
+        await eventually(
+            lambda: _waiting_on_a_lock(shop.conn, second.get_server_pid()), timeout_s=10
+        )
+        await first_tx.commit()
+        # 3. The key's number changed after the second's snapshot: PostgreSQL refuses.
+        with pytest.raises(asyncpg.SerializationError):
+            await appending
+        await second_tx.rollback()
+        # 4. The caller's retry, in a new transaction, is numbered after the first.
+        async with second.transaction(isolation="repeatable_read"):
+            await producer.append(second, second_event)
+    finally:
+        await first.close()
+        await second.close()
+    assert await shop.keyed(key) == [(first_event.id, 1, True), (second_event.id, 2, True)]

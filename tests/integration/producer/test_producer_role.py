@@ -1,6 +1,7 @@
 """The producer's database role: exactly what `relayd grants --role producer` prints lets
-every driver append (and append again, a no-op), and `enqueue_many` insert, on an outbox
-whose functions PUBLIC may not execute; each of those grants taken away, an append fails."""
+every driver append (and append again, a no-op), keyed events included, and `enqueue_many`
+insert, on an outbox whose functions PUBLIC may not execute; each of those grants taken
+away, an append fails (for the key numbers' table, a keyed append)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from pydantic import BaseModel
 
 from relayd import producer
-from relayd.store.privileges import Kind, Role, grant_script, role_privileges
+from relayd.store.privileges import Kind, Obj, Role, grant_script, role_privileges
 from tests.integration.producer.drivers import DRIVERS, Driver
 from tests.support import DEFAULT_TABLE, Database, dsn_as, relayd_env, run_relayd_blocking
 
@@ -23,6 +24,11 @@ class ShippedV1(BaseModel):
 
 
 Shipped = producer.define_event("order.shipped", 1, ShippedV1)
+# The same event, ordered per order: its rows are numbered by the outbox's trigger, which
+# runs as the inserting role.
+KeyedShipped = producer.define_event(
+    "order.shipped", 1, ShippedV1, key=lambda data: f"order-{data.order_id}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -71,30 +77,37 @@ async def _stored(dsn: str, event_id: str) -> int:
 async def test_every_driver_appends_under_the_producer_role(
     module_database: Database, producer_role: str, driver: Driver
 ) -> None:
-    """Under the producer's grants alone: an event appended and committed, then appended
-    again in a new transaction (the retried callback: compared, nothing written)."""
+    """Under the producer's grants alone: an event and a keyed event appended and committed,
+    then appended again in a new transaction (the retried callback: compared, nothing
+    written)."""
     dsn = dsn_as(module_database.dsn, producer_role)
     event = Shipped.new(ShippedV1(order_id=7))
+    keyed = KeyedShipped.new(ShippedV1(order_id=7))
     for _ in range(2):
         tx = await driver.open(dsn)
         try:
             await tx.append(event)
+            await tx.append(keyed)
             await tx.commit()
         finally:
             await tx.close()
     assert await _stored(module_database.dsn, event.id) == 1
+    assert await _stored(module_database.dsn, keyed.id) == 1
 
 
 async def test_plain_jobs_insert_under_the_producer_role(
     module_database: Database, producer_role: str
 ) -> None:
-    """`enqueue` and `enqueue_many` (asyncpg) need nothing more than `append`."""
+    """`enqueue` and `enqueue_many` (asyncpg), with keys or without, need nothing more than
+    `append`."""
     conn = await asyncpg.connect(dsn_as(module_database.dsn, producer_role))
     try:
-        jobs = [producer.new_job("order.shipped", [{"order_id": n}]) for n in range(3)]
+        jobs = [producer.new_job("order.shipped", [{"order_id": n}]) for n in range(5)]
         async with conn.transaction():
             await producer.enqueue(conn, jobs[0])
-            assert await producer.enqueue_many(conn, jobs[1:]) == 2
+            await producer.enqueue(conn, jobs[1], key=f"order-{jobs[1]['id']}")
+            assert await producer.enqueue_many(conn, jobs[2:3]) == 1
+            assert await producer.enqueue_many(conn, jobs[3:], keys=["order-a", None]) == 2
     finally:
         await conn.close()
     for job in jobs:
@@ -103,8 +116,9 @@ async def test_plain_jobs_insert_under_the_producer_role(
 
 async def test_each_grant_of_the_producer_is_needed(database: Database) -> None:
     """For each privilege of the producer's list in turn, taken away (from PUBLIC too, for
-    a function): appending a new event, or the same event again, is refused for want of
-    it; granted back, both work."""
+    a function): appending a new event, a new keyed event, or the same event again, is
+    refused for want of it; granted back, all work. The key numbers' table is needed by
+    keyed events only: without it, an event without a key is still appended."""
     name = f"app_{uuid.uuid4().hex[:8]}"
     admin = await asyncpg.connect(database.dsn)
     try:
@@ -115,18 +129,34 @@ async def test_each_grant_of_the_producer_is_needed(database: Database) -> None:
         dsn = dsn_as(database.dsn, name)
         appended = Shipped.new(ShippedV1(order_id=1))
         await _append(dsn, appended)
+        wanted_by_keys = 0
         for wanted in role_privileges(Role.PRODUCER, cleanup=True):
             target = "SCHEMA relayd" if wanted.obj.kind is Kind.SCHEMA else None
             grant = (
                 f'GRANT {wanted.privilege} ON {target or wanted.obj.sql(DEFAULT_TABLE)} TO "{name}"'
             )
             await admin.execute(grant.replace("GRANT", "REVOKE", 1).replace(" TO ", " FROM "))
-            with pytest.raises(asyncpg.InsufficientPrivilegeError):
-                # A new event needs the insert's privileges; the same again, the
-                # comparison's (the insert finds its id taken).
+            if wanted.obj is Obj.KEY_SEQS:
+                wanted_by_keys += 1
                 await _append(dsn, Shipped.new(ShippedV1(order_id=2)), appended)
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                # A new event needs the insert's privileges, a keyed one the numbering's
+                # too; the same again, the comparison's (the insert finds its id taken).
+                await _append(
+                    dsn,
+                    Shipped.new(ShippedV1(order_id=2)),
+                    KeyedShipped.new(ShippedV1(order_id=2)),
+                    appended,
+                )
             await admin.execute(grant)
-            await _append(dsn, Shipped.new(ShippedV1(order_id=3)), appended)
+            await _append(
+                dsn,
+                Shipped.new(ShippedV1(order_id=3)),
+                KeyedShipped.new(ShippedV1(order_id=3)),
+                appended,
+            )
+        # SELECT, INSERT and UPDATE: the trigger's upsert of the key's last number.
+        assert wanted_by_keys == 3
     finally:
         await admin.execute(f'DROP OWNED BY "{name}"')
         await admin.execute(f'DROP ROLE "{name}"')

@@ -46,8 +46,8 @@ def test_what_each_role_needs() -> None:
     """The relay writes pauses (the storm guard's, the sink's) and its heartbeat but never
     changes or deletes a pause; the operator writes the audit trail and pauses but never
     deletes rows or heartbeats; DELETE on the outbox only with cleanup; the migrator needs
-    CREATE on the database; a producer inserts into the outbox, reads it, and calls the
-    functions a new row does."""
+    CREATE on the database; a producer inserts into the outbox, reads it, calls the
+    functions a new row does, and numbers a keyed row in the key's counter (an upsert)."""
     relay = {(g.obj, g.privileges) for g in role_grants(Role.RELAY, cleanup=True)}
     assert (Obj.OUTBOX, ("SELECT", "UPDATE", "DELETE")) in relay
     assert (Obj.PAUSES, ("SELECT", "INSERT")) in relay
