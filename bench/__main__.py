@@ -26,6 +26,7 @@ from bench import (
     lag,
     memory,
     nats,
+    ordered,
     replicas,
     tracing,
     webhook,
@@ -44,6 +45,7 @@ SCENARIOS: dict[str, Callable[[Bench], Awaitable[Result]]] = {
     webhook.NAME: webhook.run,
     tracing.NAME: tracing.run,
     appends.NAME: appends.run,
+    ordered.NAME: ordered.run,
 }
 
 

@@ -25,6 +25,11 @@ RELAYD: MappingProxyType[str, MappingProxyType[str, str]] = MappingProxyType(
         "horizon": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),
         "memory": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),
         "replicas": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),
+        # ordered: batch mode, without and with `[sink] ordering = "key"`.
+        "ordered.unordered": MappingProxyType({"RELAYD_SINK__BATCH": "on"}),
+        "ordered.keyed": MappingProxyType(
+            {"RELAYD_SINK__BATCH": "on", "RELAYD_SINK__ORDERING": "key"}
+        ),
         # nats: the NATS sink at its defaults (bench/nats.py gives the server, the stream
         # and the routes, as RELAYD_SINK__* variables).
         "nats": MappingProxyType({}),
