@@ -86,7 +86,9 @@ async def test_concurrent_migrate_processes_serialise(
             "outbox",
             "relayd_audit",
             "relayd_instances",
+            "relayd_key_seqs",
             "relayd_migrations",
+            "relayd_parked_keys",
             "relayd_pauses",
         ]
     finally:

@@ -13,23 +13,7 @@ import asyncpg
 from relayd.core.rows import ClaimBatch
 from relayd.producer import new_job
 from relayd.store import Store
-from tests.support import Database, eventually
-
-
-async def insert_keyed(conn: asyncpg.Connection, key: str | None, n: int = 1) -> list[str]:
-    """Commit `n` rows of `key` by plain SQL, one transaction; their ids in insert order."""
-    ids = []
-    async with conn.transaction():
-        for i in range(n):
-            job = new_job("test.echo", [{"n": i}])
-            await conn.execute(
-                "INSERT INTO relayd.outbox (event_id, job, ordering_key) VALUES ($1, $2, $3)",
-                job["id"],
-                json.dumps(job),
-                key,
-            )
-            ids.append(str(job["id"]))
-    return ids
+from tests.support import Database, eventually, insert_keyed
 
 
 async def claim(store: Store, limit: int = 100, walk_from: str | None = None) -> ClaimBatch:
@@ -189,6 +173,7 @@ async def test_a_second_writer_of_a_key_is_numbered_after_the_first_commits(
         [late] = await second
     finally:
         await first.close()
-    seqs = dict(await conn.fetch("SELECT event_id::text, ordering_seq FROM relayd.outbox"))
+    rows = await conn.fetch("SELECT event_id::text, ordering_seq FROM relayd.outbox")
+    seqs = {r["event_id"]: r["ordering_seq"] for r in rows}
     assert seqs == {str(early["id"]): 1, late: 2}
     assert [r.event_id for r in (await claim(store)).rows] == [str(early["id"])]

@@ -46,8 +46,8 @@ def test_what_each_role_needs() -> None:
     """The relay writes pauses (the storm guard's, the sink's) and its heartbeat but never
     changes or deletes a pause; the operator writes the audit trail and pauses but never
     deletes rows or heartbeats; DELETE on the outbox only with cleanup; the migrator needs
-    CREATE on the database; a producer inserts into the outbox, reads it, and calls the
-    functions a new row does."""
+    CREATE on the database; a producer inserts into the outbox, reads it, numbers its keyed
+    rows, and calls the functions a new row does."""
     relay = {(g.obj, g.privileges) for g in role_grants(Role.RELAY, cleanup=True)}
     assert (Obj.OUTBOX, ("SELECT", "UPDATE", "DELETE")) in relay
     assert (Obj.PAUSES, ("SELECT", "INSERT")) in relay
@@ -59,6 +59,10 @@ def test_what_each_role_needs() -> None:
     assert (Obj.OUTBOX, ("SELECT", "UPDATE")) in operator
     assert (Obj.INSTANCES, ("SELECT",)) in operator
     assert (Obj.PAUSES, ("SELECT", "INSERT", "UPDATE", "DELETE")) in operator
+    # Parked keys: the relay parks them and reads them (the claim, the sampler); the operator
+    # reads and lifts them (`relayd keys`), and never parks one.
+    assert (Obj.PARKED_KEYS, ("SELECT", "INSERT")) in relay
+    assert (Obj.PARKED_KEYS, ("SELECT", "DELETE")) in operator
     assert [(g.obj, g.privileges) for g in role_grants(Role.MIGRATOR, cleanup=True)] == [
         (Obj.DATABASE, ("CREATE",))
     ]
@@ -66,6 +70,7 @@ def test_what_each_role_needs() -> None:
     assert [(g.obj, g.privileges) for g in role_grants(Role.PRODUCER, cleanup=True)] == [
         (Obj.SCHEMA, ("USAGE",)),
         (Obj.OUTBOX, ("SELECT", "INSERT")),
+        (Obj.KEY_SEQS, ("SELECT", "INSERT", "UPDATE")),  # a keyed row is numbered
         (Obj.AVAILABLE_AT, ("EXECUTE",)),
         (Obj.CHECK_ROW, ("EXECUTE",)),
     ]
