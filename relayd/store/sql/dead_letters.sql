@@ -167,10 +167,9 @@ LEFT JOIN redriven AS r ON r.event_id = t.event_id;
 -- dead letters not discarded, dead-lettered from $1 until before $2.
 -- A later row can only have been published after the dead one stopped being pending: at
 -- the latest after its created_at, or its dead_at if a producer's created_at lies ahead. So
--- the published rows are read from the earliest such time of the rows selected on, through
--- the index on published_at, and only when a row selected is ordered (no keyed dead
--- letter: the scan's lower bound is NULL and it reads nothing). Published rows that
--- retention cleanup deleted are not counted.
+-- the published rows are read from the earliest such time of the rows selected on (through
+-- the index on published_at, when the planner finds it cheaper), and only when a row
+-- selected is ordered. Published rows that retention cleanup deleted are not counted.
 -- params: $1 since timestamptz|null, $2 until timestamptz|null, $3 event ids uuid[]|null,
 --         $4 most rows returned int, then the dead_letter_filters
 WITH target AS (
@@ -186,9 +185,12 @@ WITH target AS (
       AND @dead_letter_filters@
 ),
 later AS (
+    -- EXISTS is evaluated once, before the scan: with no ordered dead letter selected (the
+    -- usual batch) the published rows are not read at all, whatever plan the scan has.
     SELECT o.ordering_key, o.ordering_seq
     FROM @outbox@ AS o
-    WHERE o.published_at >= (SELECT min(since) FROM target)
+    WHERE EXISTS (SELECT 1 FROM target)
+      AND o.published_at >= (SELECT min(since) FROM target)
       AND o.ordering_key IN (SELECT ordering_key FROM target)
 )
 SELECT t.event_id::text AS event_id, t.ordering_key, count(*) AS delivered_after,
