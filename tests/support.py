@@ -233,6 +233,65 @@ async def rows_in_every_state(conn: asyncpg.Connection) -> dict[str, list[str]]:
     return ids
 
 
+async def insert_keyed(
+    conn: asyncpg.Connection, key: str | None, n: int = 1, *, job_type: str = "test.echo"
+) -> list[str]:
+    """Commit `n` rows of ordered key `key` by plain SQL, in one transaction (the key's
+    trigger numbers them in that order); their ids in insert order."""
+    ids = []
+    async with conn.transaction():
+        for i in range(n):
+            job = new_job(job_type, [{"n": i}])
+            await conn.execute(
+                "INSERT INTO relayd.outbox (event_id, job, ordering_key) VALUES ($1, $2, $3)",
+                job["id"],
+                json.dumps(job),
+                key,
+            )
+            ids.append(str(job["id"]))
+    return ids
+
+
+async def park_key(  # noqa: PLR0913 - what the parked key looks like, each by keyword
+    conn: asyncpg.Connection,
+    key: str,
+    rows: int = 3,
+    *,
+    job_type: str = "order.fulfill",
+    reason: str = "max_attempts",
+    error: str = "503 Service Unavailable: inventory-db is down",
+    attempts: int = 5,
+    parked_for: str = "2 hours",
+) -> list[str]:
+    """Commit `rows` rows of `key` and park the key as settle_parked leaves it after its
+    head's last attempt: the head pending at available_at 'infinity' with its attempts and
+    last_error, and the key's row in relayd_parked_keys (parked `parked_for` ago). Returns
+    the rows' ids in key order; the first is the head."""
+    ids = await insert_keyed(conn, key, rows, job_type=job_type)
+    async with conn.transaction():
+        await conn.execute(
+            "UPDATE relayd.outbox SET attempts = $2, last_error = $3, available_at = 'infinity', "
+            "last_attempt_at = now() - $4::text::interval, lease_owner = NULL "
+            "WHERE event_id = $1",
+            ids[0],
+            attempts,
+            error,
+            parked_for,
+        )
+        await conn.execute(
+            "INSERT INTO relayd.relayd_parked_keys "
+            "(outbox_table, ordering_key, event_id, type, reason, error, parked_at) "
+            "VALUES ('relayd.outbox', $1, $2, $3, $4, $5, now() - $6::text::interval)",
+            key,
+            ids[0],
+            job_type,
+            reason,
+            error,
+            parked_for,
+        )
+    return ids
+
+
 def claimed(job_bytes: int = 0, **job: Any) -> ClaimedRow:
     """A claimed row for pure tests; `job_bytes` pads args to about that size."""
     event_id = uuid7()

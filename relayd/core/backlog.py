@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +37,15 @@ class Backlog:
     any_pause: bool
     bound: int
     at: datetime | None = None  # the database's clock when sampled
+    # Parked keys of ordered delivery, per route (the event type of the head that parked
+    # each), and how long the key parked longest has been: a small table, counted whole.
+    parked_keys: Mapping[str, int] = field(default_factory=dict)
+    oldest_parked_age_s: float | None = None  # None: no key is parked
+
+    @property
+    def parked(self) -> int:
+        """Parked keys, every route."""
+        return sum(self.parked_keys.values())
 
     def by_state(self) -> dict[str, int]:
         """The gauge's states (a paused row is in none of them)."""
@@ -100,6 +109,14 @@ class Backlog:
             any_pause=bool(sample["paused"]),
             bound=bound,
             at=sample.get("sampled_at"),
+            parked_keys=dict(
+                zip(
+                    sample.get("parked_routes") or (),
+                    (int(n) for n in sample.get("parked_keys") or ()),
+                    strict=True,
+                )
+            ),
+            oldest_parked_age_s=sample.get("oldest_parked_age_s"),
         )
 
 

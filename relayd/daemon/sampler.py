@@ -87,8 +87,11 @@ class Sampler:
         backlog = self.last
         age = backlog.oldest_claimable_age_s or 0.0
         paused = ", paused" if backlog.any_pause else ""
+        keys = "1 key" if backlog.parked == 1 else f"{backlog.parked:,} keys"
+        parked = f", {keys} parked" if backlog.parked else ""
         return (
-            f"{backlog.ready:,} ready, oldest claimable {age:.0f}s, {backlog.dead:,} dead{paused}"
+            f"{backlog.ready:,} ready, oldest claimable {age:.0f}s, {backlog.dead:,} dead"
+            f"{paused}{parked}"
         )
 
     async def beat(self) -> None:

@@ -76,6 +76,8 @@ class Needs(enum.Enum):
     NOTHING = enum.auto()  # `doctor` and `check` report what they find
     CURRENT = enum.auto()  # `status`: every migration this relayd ships
     OPERATOR = enum.auto()  # `dlq`, `held`, `pause`: the dead-letter, pause and audit tables
+    # `keys`, `dlq retry`: those, and ordered delivery's columns and parked keys (0011)
+    ORDERED = enum.auto()
 
 
 @contextlib.asynccontextmanager
@@ -92,8 +94,10 @@ async def command_store(
     try:
         if needs is Needs.CURRENT:
             await require_current(store)
-        elif needs is Needs.OPERATOR:
+        elif needs in (Needs.OPERATOR, Needs.ORDERED):
             await store.check_operator_schema()
+            if needs is Needs.ORDERED:
+                await store.check_ordering_schema()
         yield store
     finally:
         await store.close()

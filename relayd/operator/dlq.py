@@ -11,6 +11,11 @@ Bulk actions walk the dead-letter index in `(dead_at, event_id)` order with a ke
 cursor, one short transaction per batch (`Store.act_on_dead_letters`), and stop at the
 rows dead-lettered before the command started: a redriven row that dies again at once is
 not met again by the same walk.
+
+A redriven row of an ordered key goes back to its place in the key (the claim takes it as
+the key's head). If later rows of its key were delivered while it was dead, it would arrive
+after them: `dlq retry` then refuses the whole command, changing nothing and naming those
+rows, unless `--out-of-order` (relayd/operator/dlq_actions.py).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from relayd.core.errors import EXIT_FAILURE, EXIT_OK
 from relayd.core.outcomes import DeadReason
 from relayd.operator.command import (
     BadInput,
+    Needs,
     check_text,
     command_store,
     fail,
@@ -132,7 +138,9 @@ def retry_command(args: argparse.Namespace) -> int:
                 f"--reason: {quote(reason)} names a dead reason, but --reason is the note "
                 f"the retry records; to select those rows, use --dead-reason {reason}"
             )
-    return _action_command(args, DlqAction.REDRIVE, "dlq retry", reason=reason)
+    return _action_command(
+        args, DlqAction.REDRIVE, "dlq retry", reason=reason, out_of_order=args.out_of_order
+    )
 
 
 @operator_command("dlq discard")
@@ -145,7 +153,12 @@ def discard_command(args: argparse.Namespace) -> int:
 
 
 def _action_command(
-    args: argparse.Namespace, action: DlqAction, name: str, *, reason: str | None
+    args: argparse.Namespace,
+    action: DlqAction,
+    name: str,
+    *,
+    reason: str | None,
+    out_of_order: bool = False,
 ) -> int:
     wanted = filter_args(args)
     ids = parse_ids(args.ids)
@@ -166,12 +179,23 @@ def _action_command(
     settings = load_settings(args.config, sink_files=False)
     progress = Progress(name, sys.stderr) if sys.stderr.isatty() else None
 
+    # A redrive reads ordered delivery's columns (migration 0011): a row of an ordered key
+    # goes back to its place in the key, or is refused out of order.
+    needs = Needs.ORDERED if action is DlqAction.REDRIVE else Needs.OPERATOR
+
     async def run() -> ActionSummary:
-        async with command_store(settings) as store:
+        async with command_store(settings, needs=needs) as store:
             now = await store.operator_now()
             filters = wanted.resolve(now)
             selection = Selection(ids or None, filters, walk_end(filters, now))
-            request = DlqRequest(action, selection, audit, batch_size, dry_run=args.dry_run)
+            request = DlqRequest(
+                action,
+                selection,
+                audit,
+                batch_size,
+                dry_run=args.dry_run,
+                out_of_order=out_of_order,
+            )
             return await act(store, request, progress)
 
     try:
@@ -180,6 +204,14 @@ def _action_command(
         if progress is not None:
             progress.done()
     write_summary(summary, sys.stdout, actor=audit.actor, as_json=args.json)
+    if summary.refused:
+        total = summary.out_of_order_total
+        rows = "1 dead letter" if total == 1 else f"{total} dead letters"
+        fail(
+            f"{name}: refused, nothing changed: {rows} of ordered keys would be delivered "
+            "after later rows of their key; --out-of-order redrives them all the same"
+        )
+        return EXIT_FAILURE
     # Named rows are each an instruction: one not carried out is a failure (the others
     # were still acted on); one discarded already is where it was asked to be. With --all,
     # skipped rows are reported, not failed.
@@ -227,6 +259,11 @@ def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
     )
     dlq_retry.add_argument(
         "--reason", metavar="TEXT", help="why (optional; audited, as every action's --reason)"
+    )
+    dlq_retry.add_argument(
+        "--out-of-order",
+        action="store_true",
+        help="redrive rows of ordered keys even if later rows of their key were delivered",
     )
     dlq_retry.set_defaults(handler=retry_command)
     dlq_discard = dlq_commands.add_parser(

@@ -1,4 +1,12 @@
-"""A dead-letter action in bounded batches: what it selects, the request, the walk, the summary."""
+"""A dead-letter action in bounded batches: what it selects, the request, the walk, the summary.
+
+A redrive first looks for rows of ordered keys that later rows of their key overtook (those
+rows were published while this one was dead): redriving one would deliver it out of its
+key's order, so unless the request says `out_of_order` the whole action is refused, nothing
+changed, and the summary names them (`ActionSummary.out_of_order`). Each batch looks again
+once its rows are locked, and skips such a row (`RowOutcome.OUT_OF_ORDER`), for a later row
+published in between.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ from relayd.store.records import (
     DeadLetterFilter,
     DeadLetterPage,
     DlqAction,
+    OutOfOrder,
     RowOutcome,
     RowResult,
 )
@@ -28,6 +37,8 @@ if TYPE_CHECKING:
 # Rows per batch: one statement and one short transaction each.
 DEFAULT_BATCH_SIZE = 500
 MAX_BATCH_SIZE = 10_000
+# How many out-of-order rows a refused redrive names (it counts them all).
+OUT_OF_ORDER_SHOWN = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +68,15 @@ class ActionSummary:
     skipped: list[RowResult] = field(default_factory=list)
     batches: int = 0
     audit_id: int | None = None
+    # A redrive refused whole: the rows that later rows of their key overtook (the first
+    # OUT_OF_ORDER_SHOWN), and how many there are.
+    out_of_order: list[OutOfOrder] = field(default_factory=list)
+    out_of_order_total: int = 0
+
+    @property
+    def refused(self) -> bool:
+        """Nothing was done: the redrive would have delivered rows out of their key's order."""
+        return self.out_of_order_total > 0
 
     @property
     def changed(self) -> int:
@@ -93,6 +113,12 @@ class ActionSummary:
             ],
             "batches": self.batches,
             "audit_id": self.audit_id,
+            "refused": "out_of_order" if self.refused else None,
+            "out_of_order": [
+                {"event_id": r.event_id, "key": r.key, "delivered_after": r.delivered_after}
+                for r in self.out_of_order
+            ],
+            "out_of_order_total": self.out_of_order_total,
         }
 
 
@@ -105,6 +131,8 @@ class DlqRequest:
     audit: AuditEntry
     batch_size: int = DEFAULT_BATCH_SIZE
     dry_run: bool = False
+    # A redrive of rows that later rows of their key overtook, on purpose (--out-of-order).
+    out_of_order: bool = False
 
 
 async def act(
@@ -114,15 +142,33 @@ async def act(
 
     Each batch commits on its own (a dry run rolls each back) with its share of the audit
     row, so an interrupted action leaves every batch it finished done and audited. A row
-    that cannot be acted on is skipped and reported, never failing its batch.
+    that cannot be acted on is skipped and reported, never failing its batch. A redrive that
+    would deliver rows of ordered keys after later rows of their key is refused whole
+    (`summary.refused`) unless `request.out_of_order`.
     """
     selection, size = request.selection, request.batch_size
     summary = ActionSummary(request.action, request.dry_run, selection.audit_filters())
+    if request.out_of_order:
+        summary.selection["out_of_order"] = True
     audit = dataclasses.replace(request.audit, filters=summary.selection)
+    if request.action is DlqAction.REDRIVE and not request.out_of_order:
+        summary.out_of_order, summary.out_of_order_total = await store.dead_letters_out_of_order(
+            selection.ids,
+            selection.filters,
+            until=selection.until,
+            limit=OUT_OF_ORDER_SHOWN,
+        )
+        if summary.refused:
+            return summary
 
     async def one_batch(target: DeadLetterPage | list[str]) -> DeadLetterBatch:
         batch = await store.act_on_dead_letters(
-            request.action, target, audit=audit, audit_id=summary.audit_id, dry_run=request.dry_run
+            request.action,
+            target,
+            audit=audit,
+            audit_id=summary.audit_id,
+            dry_run=request.dry_run,
+            out_of_order=request.out_of_order,
         )
         summary.add(batch.results, batch.audit_id, examined=batch.examined)
         if on_batch is not None:

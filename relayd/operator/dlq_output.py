@@ -91,6 +91,9 @@ def write_summary(summary: ActionSummary, out: TextIO, *, actor: str, as_json: b
 
 
 def render_summary(summary: ActionSummary, out: TextIO, *, actor: str) -> None:
+    if summary.refused:
+        _render_refusal(summary, out)
+        return
     held = summary.action is DlqAction.DISCARD_HELD
     if summary.matched == 0:
         out.write(f"no {'held rows' if held else 'dead letters'} match: nothing to do\n")
@@ -115,6 +118,29 @@ def render_summary(summary: ActionSummary, out: TextIO, *, actor: str) -> None:
     if len(summary.skipped) > _IDS_SHOWN:
         more = len(summary.skipped) - _IDS_SHOWN
         out.write(f"  ... and {more} more (--json lists them all)\n")
+
+
+def _render_refusal(summary: ActionSummary, out: TextIO) -> None:
+    """A redrive refused whole: the rows of ordered keys it would deliver out of order."""
+    total = summary.out_of_order_total
+    if total == 1:
+        rows = "1 dead letter belongs to an ordered key whose later rows were delivered while "
+        rows += "it was dead: redriven, it would arrive after them"
+    else:
+        rows = f"{total} dead letters belong to ordered keys whose later rows were delivered "
+        rows += "while they were dead: redriven, they would arrive after them"
+    out.write(f"refused, nothing changed: {rows}\n")
+    for row in summary.out_of_order:
+        n = row.delivered_after
+        later = "1 later row" if n == 1 else f"{n} later rows"
+        out.write(
+            printable(f"  {row.event_id} (key {row.key}): {later} of its key delivered") + "\n"
+        )
+    if total > len(summary.out_of_order):
+        out.write(f"  ... and {total - len(summary.out_of_order)} more\n")
+    out.write(
+        "  --out-of-order redrives them all the same; or leave them dead (`relayd dlq discard`)\n"
+    )
 
 
 # Per action: the past tense, the dry run's conditional, and the label of the ids line.

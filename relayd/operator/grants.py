@@ -47,7 +47,7 @@ def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
         "--role",
         required=True,
         choices=[role.value for role in Role],
-        help="relay (relayd run), operator (status, dlq, held, pause, resume, doctor), "
+        help="relay (relayd run), operator (status, dlq, held, pause, resume, keys, doctor), "
         "migrator (relayd migrate) or producer (an application's appends: relayd.producer)",
     )
     grants.add_argument(

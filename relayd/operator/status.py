@@ -1,5 +1,6 @@
-"""`relayd status` (the command and `GET /v1/status`): the backlog, dead letters, pauses and
-the relays running now, built from one bounded read of the database in one snapshot.
+"""`relayd status` (the command and `GET /v1/status`): the backlog, dead letters, pauses, the
+parked keys and the relays running now, built from one bounded read of the database in one
+snapshot.
 
 The counting rules are the backlog's (relayd/core/backlog.py). This module owns the report's two
 renderings: the JSON shape scripts rely on (docs/observe.md) and the human table. The SQL
@@ -14,7 +15,7 @@ import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 
 # How many queues and types `relayd status` lists.
 TOP_N = 10
+# How many of the keys parked longest it lists (`relayd keys list` shows every one).
+PARKED_N = 5
 # A relay whose heartbeat is older than this many sample intervals is marked stale.
 STALE_INTERVALS = 3
 
@@ -64,7 +67,8 @@ def add_commands(commands: Commands, common: argparse.ArgumentParser) -> None:
     status = commands.add_parser(
         "status",
         parents=[common],
-        help="show the backlog, dead letters, pauses and the relays running now (read-only)",
+        help="show the backlog, dead letters, pauses, parked keys and the relays running now "
+        "(read-only)",
     )
     status.add_argument(
         "--json", action="store_true", help="print JSON (the shape in docs/observe.md)"
@@ -110,6 +114,17 @@ class Instance:
 
 
 @dataclass(frozen=True, slots=True)
+class Parked:
+    """A parked key, as `relayd status` lists the oldest few."""
+
+    key: str
+    route: str
+    reason: str
+    parked_at: datetime
+    age_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class StatusReport:
     """Everything `relayd status` shows, read in one database snapshot."""
 
@@ -123,19 +138,21 @@ class StatusReport:
     pauses: list[HeldByPause]
     instances: list[Instance]
     stale_after_s: float
+    parked: list[Parked] = field(default_factory=list)  # the keys parked longest, a few
 
 
-async def build_report(
+async def build_report(  # noqa: PLR0913 - keyword-only bounds, tests make them small
     store: Store,
     *,
     sample_interval_s: float,
     lease_s: float,
     bound: int = BACKLOG_BOUND,
     top: int = TOP_N,
+    parked: int = PARKED_N,
 ) -> StatusReport:
     """Read the report; relays silent for more than `STALE_INTERVALS` sample intervals (of
     this reader's configuration) are marked stale. `lease_s` is relay.lease_s."""
-    rows = await store.status_rows(bound, top, lease_s)
+    rows = await store.status_rows(bound, top, lease_s, parked)
     stale_after_s = round(STALE_INTERVALS * sample_interval_s, 3)
     tops: dict[str, list[Count]] = {"queue": [], "type": []}
     top_counted = 0
@@ -170,6 +187,10 @@ async def build_report(
             for r in rows["instances_list"]
         ],
         stale_after_s=stale_after_s,
+        parked=[
+            Parked(r["ordering_key"], r["type"], r["reason"], r["parked_at"], max(r["age_s"], 0.0))
+            for r in rows["parked_keys_oldest"]
+        ],
     )
 
 
@@ -250,6 +271,24 @@ def report_json(report: StatusReport) -> dict[str, Any]:
             for i in report.instances
         ],
         "stale_after_s": report.stale_after_s,
+        "parked_keys": {
+            "count": backlog.parked,
+            "by_route": [
+                {"route": route, "keys": keys}
+                for route, keys in sorted(backlog.parked_keys.items())
+            ],
+            "oldest_age_s": _finite(backlog.oldest_parked_age_s),
+            "oldest": [
+                {
+                    "key": p.key,
+                    "route": p.route,
+                    "reason": p.reason,
+                    "parked_at": iso(p.parked_at),
+                    "age_s": round(p.age_s, 3),
+                }
+                for p in report.parked
+            ],
+        },
     }
 
 
@@ -335,6 +374,8 @@ def render_text(report: StatusReport) -> str:
             "counted as paused above; `relayd held list` shows them, and those in a backoff)"
         )
 
+    lines += ["", *_parked_lines(report)]
+
     stale = f"stale: no heartbeat for more than {age(report.stale_after_s)}"
     lines += ["", f"Relays ({stale})" if report.instances else "Relays: none running"]
     if report.instances:
@@ -369,6 +410,28 @@ def render_text(report: StatusReport) -> str:
                     f"{failure.get('since', '?')}: {failure.get('error', '?')}"
                 )
     return "\n".join(printable(line.rstrip()) for line in lines) + "\n"
+
+
+def _parked_lines(report: StatusReport) -> list[str]:
+    """The parked keys: how many, and the few parked longest."""
+    count = report.backlog.parked
+    if not count:
+        return ["Parked keys: none"]
+    noun = "key" if count == 1 else "keys"
+    lines = [f"Parked keys: {count:,} ordered {noun} whose rows wait for an operator"]
+    lines += columns(
+        [
+            ["key", "route", "parked for", "reason"],
+            *([p.key, p.route, age(p.age_s), p.reason] for p in report.parked),
+        ],
+        indent="  ",
+    )
+    shown = "the one" if count == 1 else f"the {len(report.parked)} parked longest"
+    lines.append(
+        f"  ({shown}; `relayd keys list` shows every one with its head, "
+        "`relayd keys retry|skip|release KEY` acts on one)"
+    )
+    return lines
 
 
 def _over(counted: int, backlog: Backlog, which: str) -> str:

@@ -16,6 +16,7 @@ from relayd.store.connection import (
 )
 from relayd.store.cycle import CycleQueries
 from relayd.store.health import HealthQueries
+from relayd.store.keys import KeyQueries
 from relayd.store.listen import Listener, ListenQueries
 from relayd.store.pauses import PauseQueries
 from relayd.store.sampling import BacklogQueries
@@ -38,6 +39,7 @@ __all__ = [
 
 class Store(
     CycleQueries,
+    KeyQueries,
     PauseQueries,
     SchemaQueries,
     BacklogQueries,

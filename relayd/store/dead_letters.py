@@ -22,6 +22,7 @@ from relayd.store.records import (
     DeadLetterPage,
     DeadLetterRow,
     DlqAction,
+    OutOfOrder,
     RowOutcome,
     RowResult,
 )
@@ -66,7 +67,7 @@ class DeadLetterQueries(SchemaQueries):
         records = await self._fetch("dlq_show", event_id)
         return self._dead_letter_row(records[0]) if records else None
 
-    async def act_on_dead_letters(
+    async def act_on_dead_letters(  # noqa: PLR0913 - the batch, then keyword-only options
         self,
         action: DlqAction,
         target: DeadLetterPage | Sequence[str],
@@ -74,6 +75,7 @@ class DeadLetterQueries(SchemaQueries):
         audit: AuditEntry,
         audit_id: int | None,
         dry_run: bool = False,
+        out_of_order: bool = False,
     ) -> DeadLetterBatch:
         """One batch of a dead-letter action, in one short transaction: lock the rows (a
         keyset page of the filtered dead letters, or the named ids), redrive or discard
@@ -81,7 +83,8 @@ class DeadLetterQueries(SchemaQueries):
         the first batch that changes anything: `audit_id` None), so that the audit trail
         always counts exactly what was committed. A dry run does the same and rolls it back:
         it reports exactly what the action would do, and leaves no audit row. A discard
-        records `audit.reason` on the rows.
+        records `audit.reason` on the rows. A redrive skips, as out of order, a row of an
+        ordered key that later rows of the key overtook, unless `out_of_order`.
         """
         statement = "dlq_redrive" if action is DlqAction.REDRIVE else "dlq_discard"
         discard_reason = audit.reason if action is DlqAction.DISCARD else None
@@ -94,13 +97,63 @@ class DeadLetterQueries(SchemaQueries):
                 after = (page[-1]["dead_at"], page[-1]["event_id"]) if page else None
             else:
                 ids, examined, after = list(target), len(target), None
-            results = []
-            if ids:
+            refused: dict[str, RowResult] = {}
+            if ids and action is DlqAction.REDRIVE and not out_of_order:
+                # Again, once the rows are locked: a later row of a key may have been
+                # published since the command looked (`dead_letters_out_of_order`).
+                with _translated("dlq_out_of_order"):
+                    records = await conn.fetch(
+                        self._q["dlq_out_of_order"], None, None, ids, len(ids), *(None,) * 4
+                    )
+                for record in records:
+                    row = self._out_of_order(record)
+                    refused[row.event_id] = RowResult(
+                        row.event_id, RowOutcome.OUT_OF_ORDER, row.describe()
+                    )
+            results: list[RowResult] = []
+            acting = [i for i in ids if i not in refused]
+            if acting:
                 with _translated(statement):
-                    results = await self._act(conn, statement, ids, discard_reason)
+                    done = {
+                        r.event_id: r
+                        for r in await self._act(conn, statement, acting, discard_reason)
+                    }
+                results = [refused.get(i) or done[i] for i in ids]
+            else:
+                results = [refused[i] for i in ids]
             audit_id = await self._audited(conn, results, audit, audit_id, dry_run=dry_run)
         return DeadLetterBatch(
             results=results, examined=examined, next_after=after, audit_id=audit_id
+        )
+
+    async def dead_letters_out_of_order(
+        self,
+        ids: Sequence[str] | None,
+        filters: DeadLetterFilter,
+        *,
+        until: datetime | None,
+        limit: int,
+    ) -> tuple[list[OutOfOrder], int]:
+        """The dead letters among `ids` (None: those a bulk walk with `filters` up to
+        `until` would meet) that belong to an ordered key whose later rows were published,
+        the first `limit` of them, and how many there are in all."""
+        records = await self._fetch(
+            "dlq_out_of_order",
+            filters.since if ids is None else None,
+            until if ids is None else None,
+            None if ids is None else list(ids),
+            limit,
+            *filters.matching(),
+        )
+        total = int(records[0]["offenders"]) if records else 0
+        return [self._out_of_order(r) for r in records], total
+
+    @staticmethod
+    def _out_of_order(record: asyncpg.Record) -> OutOfOrder:
+        return OutOfOrder(
+            event_id=record["event_id"],
+            key=record["ordering_key"],
+            delivered_after=int(record["delivered_after"]),
         )
 
     @contextlib.asynccontextmanager

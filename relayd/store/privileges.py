@@ -3,10 +3,11 @@ grants` prints a role's GRANT script, `relayd check` verifies a role, and a perm
 names the privilege its statement lacked.
 
 The roles: `relay` (`relayd run`), `operator` (`relayd status`, `dlq`, `held`, `pause`,
-`resume`, `doctor`), `migrator` (`relayd migrate`, which owns what it creates) and `producer`
-(an application's `relayd.producer.append`). Each statement of relayd/store/sql/, and each
-of the producer's, is listed with the privileges it needs, read from what it does; a role
-needs the union over the statements of its tasks, on the configured outbox and its schema.
+`resume`, `keys`, `doctor`), `migrator` (`relayd migrate`, which owns what it creates) and
+`producer` (an application's `relayd.producer.append`). Each statement of relayd/store/sql/,
+and each of the producer's, is listed with the privileges it needs, read from what it does; a
+role needs the union over the statements of its tasks, on the configured outbox and its
+schema.
 The reading is checked by tests/acceptance/test_least_privilege.py, which runs every command
 under roles holding exactly these grants, and by tests/integration/producer/, which appends
 with every driver under the producer's.
@@ -40,7 +41,7 @@ DEFAULT_GRANTEE: Mapping[Role, str] = {
 # The commands each role runs.
 COMMANDS: Mapping[Role, str] = {
     Role.RELAY: "relayd run",
-    Role.OPERATOR: "relayd status, dlq, held, pause, resume and doctor",
+    Role.OPERATOR: "relayd status, dlq, held, pause, resume, keys and doctor",
     Role.MIGRATOR: "relayd migrate",
     Role.PRODUCER: "an application's appends (relayd.producer, every driver)",
 }
@@ -177,12 +178,13 @@ STATEMENTS: Mapping[str, Needs] = {
     "notify_trigger_create": _NOTHING,  # on the table the migrator owns
     "notify_trigger_drop": _NOTHING,
     # The backlog: the sampler, `relayd status`, `/v1/status`, the heartbeat.
-    "backlog_sample": _PENDING,
+    "backlog_sample": {**_PENDING, Obj.PARKED_KEYS: ("SELECT",)},
     "backlog_top": _BY_QUEUE,
     "dead_by_reason": {Obj.OUTBOX: ("SELECT",)},
     "pauses_list": {Obj.PAUSES: ("SELECT",)},
     "pauses_held": {**_BY_QUEUE, Obj.PAUSES: ("SELECT",)},
     "instances_list": {Obj.INSTANCES: ("SELECT",)},
+    "parked_keys_oldest": {Obj.PARKED_KEYS: ("SELECT",)},
     "status": _NOTHING,  # its parts fail under their own names
     # An upsert with a pruning DELETE: the conflict and the WHERE read rows.
     "heartbeat": {Obj.INSTANCES: ("SELECT", "INSERT", "UPDATE", "DELETE")},
@@ -196,6 +198,9 @@ STATEMENTS: Mapping[str, Needs] = {
     "dlq_page": {Obj.OUTBOX: ("SELECT", "UPDATE"), Obj.EFFECTIVE_QUEUE: ("EXECUTE",)},
     "dlq_redrive": _FENCED,
     "dlq_discard": _FENCED,
+    # A redrive's look at the later rows of an ordered dead letter's key (the filters read
+    # the effective queue).
+    "dlq_out_of_order": _BY_QUEUE,
     # RETURNING id reads the row; the bigserial's nextval() needs the sequence.
     "audit_insert": {Obj.AUDIT: ("SELECT", "INSERT"), Obj.AUDIT_ID_SEQ: ("USAGE",)},
     "audit_note": {Obj.AUDIT: ("INSERT",), Obj.AUDIT_ID_SEQ: ("USAGE",)},  # no RETURNING
@@ -212,6 +217,14 @@ STATEMENTS: Mapping[str, Needs] = {
     "held_page": {**_PENDING, Obj.OUTBOX: ("SELECT", "UPDATE")},  # FOR UPDATE
     "held_discard": {**_PENDING, **_FENCED},
     "outbox_notify": _NOTHING,
+    # Parked keys of ordered delivery (`relayd keys`).
+    "ordering_schema": _NOTHING,  # the catalogs
+    "keys_list": {Obj.OUTBOX: ("SELECT",), Obj.PARKED_KEYS: ("SELECT",)},
+    "keys_act": _NOTHING,  # its parts fail under their own names
+    "key_unpark": {Obj.PARKED_KEYS: ("SELECT", "DELETE")},  # DELETE ... WHERE ... RETURNING
+    "key_head": {Obj.OUTBOX: ("SELECT", "UPDATE")},  # FOR UPDATE
+    "key_retry": _FENCED,
+    "key_skip": _FENCED,
     # `relayd check` and `relayd doctor`.
     "check_identity": _NOTHING,
     "check_privileges": _NOTHING,
@@ -268,6 +281,7 @@ _STATUS = (
     "pauses_list",
     "pauses_held",
     "instances_list",
+    "parked_keys_oldest",
 )
 TASKS: Mapping[Role, tuple[Task, ...]] = {
     Role.RELAY: (
@@ -299,7 +313,15 @@ TASKS: Mapping[Role, tuple[Task, ...]] = {
         Task("relayd dlq list and show", ("operator_schema", "dlq_list", "dlq_show")),
         Task(
             "relayd dlq retry and discard",
-            ("dlq_page", "dlq_redrive", "dlq_discard", "audit_insert", "audit_extend"),
+            (
+                "ordering_schema",
+                "dlq_page",
+                "dlq_out_of_order",
+                "dlq_redrive",
+                "dlq_discard",
+                "audit_insert",
+                "audit_extend",
+            ),
         ),
         Task(
             "relayd pause and resume",
@@ -315,6 +337,18 @@ TASKS: Mapping[Role, tuple[Task, ...]] = {
         Task(
             "relayd held list and discard",
             ("held_list", "held_page", "held_discard", "audit_insert", "audit_extend"),
+        ),
+        Task("relayd keys list", ("operator_schema", "ordering_schema", "keys_list")),
+        Task(
+            "relayd keys retry, skip and release",
+            (
+                "key_unpark",
+                "key_head",
+                "key_retry",
+                "key_skip",
+                "audit_insert",
+                "outbox_notify",
+            ),
         ),
         Task("relayd doctor: the claim's plan", ("explain_claim",)),
     ),

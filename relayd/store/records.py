@@ -1,8 +1,8 @@
 """Values of the operator surface (`relayd dlq`, `relayd held`, `relayd pause`, `relayd
-resume`) that cross between the commands (relayd/operator/) and the store: which dead letters
-(or held rows) to act on, what a batch did to each row, the audit entry it wrote, and the
-pauses. Nothing here does I/O; how each value is printed, in JSON or for people, is the
-commands' (the store imports this module, so it sits below both).
+resume`, `relayd keys`) that cross between the commands (relayd/operator/) and the store:
+which dead letters (or held rows) to act on, what a batch did to each row, the audit entry it
+wrote, the pauses and the parked keys. Nothing here does I/O; how each value is printed, in
+JSON or for people, is the commands' (the store imports this module, so it sits below both).
 """
 
 from __future__ import annotations
@@ -29,6 +29,15 @@ class DlqAction(enum.StrEnum):
 class PauseAction(enum.StrEnum):
     PAUSE = "pause"
     RESUME = "resume"
+
+
+class KeyAction(enum.StrEnum):
+    """An operator's action on a parked key (`relayd keys`); its value is the audit trail's
+    `action`."""
+
+    RETRY = "keys.retry"  # the head gets its attempts back; the key goes on from it
+    SKIP = "keys.skip"  # the head is dead-lettered; the key goes on from its next row
+    RELEASE = "keys.release"  # un-parked only: the head keeps its attempts
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +111,9 @@ class RowOutcome(enum.StrEnum):
     ALREADY_DISCARDED = "already_discarded"
     NOT_DEAD = "not_dead"  # pending or published: not a dead letter
     NOT_HELD = "not_held"  # published, dead, or pending in no paused queue and type
+    # An ordered row whose key moved on: later rows of its key were delivered (dlq retry
+    # without --out-of-order).
+    OUT_OF_ORDER = "out_of_order"
     IN_FLIGHT = "in_flight"  # held, but its attempt (claimed before the pause) still runs
     NOT_FOUND = "not_found"
 
@@ -213,3 +225,82 @@ class QueueUse:
 
     used: bool
     rows_read: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutOfOrder:
+    """A dead letter of an ordered key that later rows of the key overtook: redriving it
+    would deliver it after them."""
+
+    event_id: str
+    key: str
+    delivered_after: int  # rows of its key, numbered after it, published
+
+    def describe(self) -> str:
+        """Why it is refused, in words."""
+        n = self.delivered_after
+        rows = "1 later row of its key was" if n == 1 else f"{n} later rows of its key were"
+        return (
+            f"out of order: {rows} delivered (key {self.key!r}); "
+            "--out-of-order redrives it all the same"
+        )
+
+
+class HeadState(enum.StrEnum):
+    """Where the row that parked a key is now."""
+
+    PENDING = "pending"  # as parking left it: waiting for an operator
+    DEAD = "dead"  # dead-lettered since (a pause's rows discarded, say)
+    PUBLISHED = "published"
+    MISSING = "missing"  # no such row any more
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedKey:
+    """A row of relayd_parked_keys, with the row that parked it (the key's head when it
+    parked) and how many of the key's rows wait behind it."""
+
+    key: str
+    route: str  # the head's event type: the route that parks
+    event_id: str  # the head that parked the key
+    reason: str  # a dead reason: max_attempts, sink_rejected, ...
+    error: str | None
+    parked_at: datetime
+    parked_age_s: float
+    head_state: HeadState
+    attempts: int | None  # the head's (None: no such row)
+    last_attempt_at: datetime | None
+    waiting: int  # the key's other pending rows, counted up to `waiting_bound`
+    waiting_bound: int
+
+    @property
+    def waiting_capped(self) -> bool:
+        """More rows wait than were counted."""
+        return self.waiting > self.waiting_bound
+
+
+@dataclass(frozen=True, slots=True)
+class KeyOutcome:
+    """What an action on a parked key did (or, dry, would do): the park it lifted and the
+    head's attempts before and after."""
+
+    action: KeyAction
+    key: str
+    route: str
+    event_id: str
+    reason: str
+    error: str | None
+    parked_at: datetime
+    head_state: HeadState  # before the action
+    attempts_before: int | None
+    attempts_after: int | None
+    last_error: str | None  # the head's, after the action
+    dry_run: bool
+    audit_id: int | None
+
+    @property
+    def head_state_after(self) -> HeadState:
+        """Where the head is once the action is committed."""
+        if self.action is KeyAction.SKIP and self.head_state is HeadState.PENDING:
+            return HeadState.DEAD
+        return self.head_state

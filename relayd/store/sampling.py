@@ -23,10 +23,11 @@ class BacklogQueries(StoreBase):
         return dict(records[0].items())
 
     async def status_rows(
-        self, bound: int, top: int, lease_s: float
+        self, bound: int, top: int, lease_s: float, parked: int
     ) -> dict[str, list[dict[str, Any]]]:
         """Every part of `relayd status`, by query name, read in one read-only snapshot so
-        that the parts agree (and share one now())."""
+        that the parts agree (and share one now()); `parked`: how many of the keys parked
+        longest it lists."""
         outbox = str(self.table)
         statements: dict[str, tuple[Any, ...]] = {
             "backlog_sample": (outbox, bound + 1, lease_s),
@@ -35,6 +36,7 @@ class BacklogQueries(StoreBase):
             "pauses_list": (outbox,),
             "pauses_held": (outbox, bound),
             "instances_list": (outbox,),
+            "parked_keys_oldest": (outbox, parked),
         }
         rows: dict[str, list[dict[str, Any]]] = {}
         with _translated("status"):

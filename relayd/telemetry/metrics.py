@@ -179,6 +179,20 @@ class RelayMetrics:
             "last sample; else 0.",
             registry=r,
         )
+        self.parked_keys = Gauge(
+            "relayd_parked_keys",
+            "Keys of ordered delivery parked at the last sample, by route (the event type of "
+            "the head that parked each): their rows wait until an operator retries, skips or "
+            "releases the key (relayd keys). A route with no parked key has no series.",
+            ["route"],
+            registry=r,
+        )
+        self._parked_routes: set[str] = set()
+        self.oldest_parked_age = Gauge(
+            "relayd_oldest_parked_age_seconds",
+            "now() - parked_at of the key parked longest, at the last sample. 0 when none.",
+            registry=r,
+        )
         self.build_info = Gauge(
             "relayd_build_info", "Always 1; the running relayd's version.", ["version"], registry=r
         )
@@ -220,6 +234,13 @@ class RelayMetrics:
         self.oldest_claimable_age.set(_age(backlog.oldest_claimable_age_s))
         self.oldest_pending_age.set(_age(backlog.oldest_pending_age_s))
         self.paused.set(1 if backlog.any_pause else 0)
+        routes = backlog.parked_keys
+        for gone in self._parked_routes - routes.keys():
+            self.parked_keys.remove(gone)
+        for route, keys in routes.items():
+            self.parked_keys.labels(route).set(keys)
+        self._parked_routes = set(routes)
+        self.oldest_parked_age.set(_age(backlog.oldest_parked_age_s))
         self.backlog_sampled.set(time.time() if sampled_at is None else sampled_at)
 
 

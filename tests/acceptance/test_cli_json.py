@@ -22,7 +22,7 @@ from relayd.testing.emulator import start_emulator
 from relayd.testing.nats import NatsServer
 from relayd.testing.processes import free_port
 from relayd.testing.webhook_receiver import receiving
-from tests.support import Database, rows_in_every_state, run_relayd
+from tests.support import Database, park_key, rows_in_every_state, run_relayd
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +30,8 @@ SECRET = "whsec_" + base64.b64encode(b"j" * 32).decode()
 STREAM = "ORDERS"
 # The types rows_in_every_state commits, each routed where a kind routes by type.
 TYPES = ("test.echo", "mail.send")
+# Parked keys, one for each action of `relayd keys`.
+KEYS = ("order-1", "order-2", "order-3")
 
 
 @contextlib.asynccontextmanager
@@ -86,6 +88,8 @@ def _commands(ids: dict[str, list[str]]) -> tuple[list[tuple[str, ...]], list[tu
         ("dlq", "show", dead, "--json"),
         ("dlq", "retry", "--all", "--dry-run", "--json"),
         ("dlq", "discard", "--all", "--dry-run", "--reason", "scripted", "--json"),
+        ("keys", "list", "--json"),
+        ("keys", "retry", KEYS[0], "--dry-run", "--json"),
     ]
     writers = [
         ("migrate", "--json"),
@@ -94,6 +98,9 @@ def _commands(ids: dict[str, list[str]]) -> tuple[list[tuple[str, ...]], list[tu
         ("held", "list", "--json"),
         ("held", "discard", "--all", "--dry-run", "--reason", "scripted", "--json"),
         ("resume", "--queue", "mail", "--json"),
+        ("keys", "retry", KEYS[0], "--reason", "scripted", "--json"),
+        ("keys", "skip", KEYS[1], "--reason", "scripted", "--json"),
+        ("keys", "release", KEYS[2], "--json"),
     ]
     return readers, writers
 
@@ -128,6 +135,8 @@ async def test_every_json_output_is_only_json(
     conn = await asyncpg.connect(database.dsn)
     try:
         ids = await rows_in_every_state(conn)
+        for key in KEYS:
+            await park_key(conn, key, 2, job_type="test.echo")
     finally:
         await conn.close()
     readers, writers = _commands(ids)

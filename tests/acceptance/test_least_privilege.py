@@ -28,6 +28,7 @@ from tests.support import (
     DEFAULT_TABLE,
     Database,
     dsn_as,
+    park_key,
     relay_settings,
     rows_in_every_state,
     run_relayd,
@@ -184,10 +185,13 @@ async def test_the_operator_role_runs_every_operator_command(
     """Under exactly `relayd grants --role operator`: check --role operator, status (text
     and JSON), dlq list, show, retry (dry run, by id) and discard (in batches, the audit row
     extended), pause (new, then again, a queue and type), held list and discard (dry run,
-    then in batches), resume: each exits 0; doctor runs every part."""
+    then in batches), resume, keys list, retry (dry run, then for real), skip and release:
+    each exits 0; doctor runs every part."""
     admin = await asyncpg.connect(roles.database.dsn)
     try:
         ids = await rows_in_every_state(admin)
+        for key in ("order-1", "order-2", "order-3"):
+            await park_key(admin, key, 2)
     finally:
         await admin.close()
     env = roles.env(cli_env, Role.OPERATOR, emulator.url)
@@ -213,6 +217,12 @@ async def test_the_operator_role_runs_every_operator_command(
         ("resume", "--queue", "mail", "--type", "mail.send"),
         ("resume", "--queue", "orders"),
         ("resume",),
+        ("keys", "list"),
+        ("keys", "list", "--parked", "--json", "--route", "order.fulfill"),
+        ("keys", "retry", "order-1", "--dry-run"),
+        ("keys", "retry", "order-1", "--reason", "the sink is back"),
+        ("keys", "skip", "order-2", "--reason", "least privilege"),
+        ("keys", "release", "order-3", "--json"),
     ]
     for command in commands:
         code, out, err = await run_relayd(*command, env=env)
@@ -238,6 +248,9 @@ async def test_the_operator_role_runs_every_operator_command(
         ("resume", 1),
         ("resume", 1),
         ("resume", 1),
+        ("keys.retry", 1),
+        ("keys.skip", 1),
+        ("keys.release", 1),
     ]
 
 
@@ -262,7 +275,7 @@ async def test_the_operator_needs_no_access_to_the_sinks_secrets(
 ) -> None:
     """The relay's configuration, with its sink's credentials and CA bundle in files the
     operator cannot read (here: absent, which no reader gets past, even root): under the
-    operator role, status, dlq, held, pause, resume, doctor, grants and config show exit 0
+    operator role, status, dlq, held, pause, resume, keys, doctor, grants and config show exit 0
     and say nothing about them; check and run, which talk to the sink, read them and exit 2
     naming the key."""
     secrets = tmp_path / "secrets-of-the-relay"  # never created
@@ -289,6 +302,7 @@ async def test_the_operator_needs_no_access_to_the_sinks_secrets(
         ("held", "list"),
         ("held", "discard", "--all", "--dry-run", "--reason", "checked"),
         ("resume", "--queue", "orders"),
+        ("keys", "list"),
         ("doctor", "--json"),
         ("grants", "--role", "operator"),
         ("config", "show"),

@@ -97,6 +97,18 @@ async def test_run_names_the_missing_privilege_at_start_up(
             "USAGE",
             "needs USAGE on sequence relayd_audit_id_seq",
         ),
+        (
+            ("keys", "list"),
+            Obj.PARKED_KEYS,
+            "SELECT",
+            "needs SELECT on table relayd_parked_keys",
+        ),
+        (
+            ("keys", "retry", "order-1"),
+            Obj.PARKED_KEYS,
+            "DELETE",
+            "needs SELECT and DELETE on table relayd_parked_keys",
+        ),
     ],
 )
 async def test_operator_commands_name_the_missing_privilege(  # noqa: PLR0913 - the table's columns
@@ -122,7 +134,7 @@ async def test_operator_commands_name_the_missing_privilege(  # noqa: PLR0913 - 
     assert said in line, line
     assert line.endswith(
         "`relayd grants --role operator` prints the grants for relayd status, "
-        "dlq, held, pause, resume and doctor"
+        "dlq, held, pause, resume, keys and doctor"
     ), line
 
 

@@ -42,6 +42,8 @@ RELAYD_METRICS = frozenset(
         "relayd_outbox_oldest_pending_age_seconds",
         "relayd_backlog_sampled_timestamp_seconds",
         "relayd_paused",
+        "relayd_parked_keys",
+        "relayd_oldest_parked_age_seconds",
         "relayd_build_info",
         "relayd_sink_requests_total",
         "relayd_housekeeping_failures_total",

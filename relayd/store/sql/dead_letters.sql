@@ -139,7 +139,11 @@ redriven AS (
         -- its id, so it shows as a writer before the rows are due and they never land
         -- below a claim's watermark (what relayd_available_at() does for a new row; the
         -- operator commands do not require the migration that made it).
-        available_at = clock_timestamp(),
+        -- A row of an ordered key goes back to 'infinity', where the ordered claim finds a
+        -- key's head (migration 0011): it is sent in its key's order, before the key's
+        -- rows still pending, and not while its key is parked or has a row in flight.
+        available_at = CASE WHEN o.ordering_key IS NULL THEN clock_timestamp()
+                            ELSE 'infinity' END,
         -- Later than last_attempt_at (stamped by the claim before the row was dead-lettered);
         -- a claim that takes the row starts once this has committed, so its now() is later.
         redriven_at = clock_timestamp(),
@@ -154,6 +158,48 @@ SELECT t.event_id::text AS event_id, t.dead, t.published, t.discarded, t.refusal
        r.event_id IS NOT NULL AS changed
 FROM target AS t
 LEFT JOIN redriven AS r ON r.event_id = t.event_id;
+
+-- name: dlq_out_of_order
+-- The dead letters of ordered keys that later rows of their key overtook: rows of the same
+-- key, numbered after them, that were published. Redriving one would deliver it after them,
+-- which `relayd dlq retry` refuses unless --out-of-order. $3 names the rows (the named ids,
+-- or one batch's); NULL selects what a bulk walk would, with the dead_letter_filters:
+-- dead letters not discarded, dead-lettered from $1 until before $2.
+-- A later row can only have been published after the dead one stopped being pending: at
+-- the latest after its created_at, or its dead_at if a producer's created_at lies ahead. So
+-- the published rows are read from the earliest such time of the rows selected on (through
+-- the index on published_at, when the planner finds it cheaper), and only when a row
+-- selected is ordered. Published rows that retention cleanup deleted are not counted.
+-- params: $1 since timestamptz|null, $2 until timestamptz|null, $3 event ids uuid[]|null,
+--         $4 most rows returned int, then the dead_letter_filters
+WITH target AS (
+    SELECT o.event_id, o.ordering_key, o.ordering_seq,
+           least(o.created_at, o.dead_at) AS since
+    FROM @outbox@ AS o
+    WHERE o.dead_at IS NOT NULL AND o.published_at IS NULL AND o.ordering_key IS NOT NULL
+      AND ($3::uuid[] IS NOT NULL
+           OR (o.discarded_at IS NULL
+               AND o.dead_at >= coalesce($1::timestamptz, '-infinity')
+               AND o.dead_at < coalesce($2::timestamptz, 'infinity')))
+      AND ($3::uuid[] IS NULL OR o.event_id = ANY($3::uuid[]))
+      AND @dead_letter_filters@
+),
+later AS (
+    -- EXISTS is evaluated once, before the scan: with no ordered dead letter selected (the
+    -- usual batch) the published rows are not read at all, whatever plan the scan has.
+    SELECT o.ordering_key, o.ordering_seq
+    FROM @outbox@ AS o
+    WHERE EXISTS (SELECT 1 FROM target)
+      AND o.published_at >= (SELECT min(since) FROM target)
+      AND o.ordering_key IN (SELECT ordering_key FROM target)
+)
+SELECT t.event_id::text AS event_id, t.ordering_key, count(*) AS delivered_after,
+       count(*) OVER () AS offenders
+FROM target AS t
+JOIN later AS l ON l.ordering_key = t.ordering_key AND l.ordering_seq > t.ordering_seq
+GROUP BY t.event_id, t.ordering_key
+ORDER BY t.event_id
+LIMIT $4;
 
 -- name: dlq_discard
 -- Mark dead letters as discarded: kept in the table (C7), out of the dead-letter queue and

@@ -22,7 +22,11 @@
 -- - dead_rows: dead letters not discarded, among the first $2;
 -- - oldest_claimable_age_s: now - available_at of the first row the claim would take: the
 --   claim's own predicate and order, pauses included, so a row in backoff never counts;
--- - oldest_pending_age_s: now - created_at of the oldest pending row (the index of 0003).
+-- - oldest_pending_age_s: now - created_at of the oldest pending row (the index of 0003);
+-- - parked_routes, parked_keys: the parked keys of ordered delivery (migration 0011), per
+--   route (the event type of the head that parked each), and oldest_parked_age_s, now -
+--   parked_at of the key parked longest. relayd_parked_keys holds a row per parked key, a
+--   small table: read whole.
 -- Ages use epoch arithmetic, like the claim: a time parked at +/-infinity gives an infinite
 -- age instead of failing the statement. They are NULL when there is no such row.
 -- params: $1 outbox table text, $2 bound int (rows read per scan at most),
@@ -109,6 +113,15 @@ oldest_pending AS (
     WHERE published_at IS NULL AND dead_at IS NULL
     ORDER BY created_at
     LIMIT 1
+),
+parked AS (
+    SELECT coalesce(array_agg(type ORDER BY type), '{}') AS routes,
+           coalesce(array_agg(keys ORDER BY type), '{}') AS keys,
+           min(since) AS since
+    FROM (SELECT type, count(*) AS keys, min(parked_at) AS since
+          FROM @schema@.relayd_parked_keys
+          WHERE outbox_table = $1
+          GROUP BY type) AS by_route
 )
 SELECT due.n AS due_rows,
        held.n AS held_rows,
@@ -125,8 +138,12 @@ SELECT due.n AS due_rows,
        (SELECT (extract(epoch FROM now()) - extract(epoch FROM created_at))::float8
         FROM oldest_pending) AS oldest_pending_age_s,
        pauses.any_paused AS paused,
+       parked.routes AS parked_routes,
+       parked.keys AS parked_keys,
+       (extract(epoch FROM now()) - extract(epoch FROM parked.since))::float8
+           AS oldest_parked_age_s,
        now() AS sampled_at
-FROM pauses, due, held, future, leases, dead;
+FROM pauses, due, held, future, leases, dead, parked;
 
 -- name: backlog_top
 -- `relayd status`: the queues and types with the most pending rows among the first $1 in
@@ -182,6 +199,17 @@ SELECT p.queue, p.type,
            AS rows
 FROM @schema@.relayd_pauses AS p
 WHERE p.outbox_table = $1;
+
+-- name: parked_keys_oldest
+-- `relayd status` and `/v1/status`: the $2 keys of this outbox parked longest (their count,
+-- per route, comes with backlog_sample).
+-- params: $1 outbox table text, $2 how many int
+SELECT ordering_key, type, reason, parked_at,
+       (extract(epoch FROM now()) - extract(epoch FROM parked_at))::float8 AS age_s
+FROM @schema@.relayd_parked_keys
+WHERE outbox_table = $1
+ORDER BY parked_at, ordering_key
+LIMIT $2;
 
 -- name: instances_list
 -- The relays that kept a heartbeat for this outbox within the last day (older rows are

@@ -24,6 +24,7 @@ EXPECTED = [
     ("relayd_outbox_oldest_pending_age_seconds", {}),
     ("relayd_backlog_sampled_timestamp_seconds", {}),
     ("relayd_paused", {}),
+    ("relayd_oldest_parked_age_seconds", {}),  # relayd_parked_keys{route}: only while parked
     ("relayd_build_info", {"version": __version__}),
     ("relayd_breaker_state", {}),
     # An HTTP sink has no connection to lose: the series is there, and stays 0.

@@ -17,7 +17,7 @@ from relayd.store import Store
 from relayd.store import outage as reconnect
 from relayd.store.outage import DatabaseRetry
 from relayd.telemetry.metrics import RelayMetrics
-from tests.support import produce, rows_in_every_state
+from tests.support import park_key, produce, rows_in_every_state
 
 # relay.lease_s: rows_in_every_state's leases end within 30 s.
 LEASE_S = 30.0
@@ -222,3 +222,17 @@ async def test_a_pauses_held_rows_are_the_backlogs_paused_rows(
     assert [(held.pause.queue, held.rows) for held in report.pauses] == [("orders", 3)]
     assert report.backlog.paused == 3
     assert report.backlog.by_state() == {"ready": 2, "scheduled": 3, "leased": 2, "dead": 2}
+
+
+async def test_the_sampler_counts_parked_keys(store: Store, conn: asyncpg.Connection) -> None:
+    """Parked keys per route in the gauges, and in the few words of systemd's status line."""
+    sampler = _sampler(store)
+    await sampler.sample()
+    assert sampler.summary() == "0 ready, oldest claimable 0s, 0 dead"
+    await park_key(conn, "order-1", 2)
+    await sampler.sample()
+    assert (
+        sampler.metrics.registry.get_sample_value("relayd_parked_keys", {"route": "order.fulfill"})
+        == 1
+    )
+    assert sampler.summary() == "0 ready, oldest claimable 0s, 0 dead, 1 key parked"

@@ -3,6 +3,7 @@ the status report's renderings, without I/O."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import uuid
@@ -16,6 +17,7 @@ from relayd.operator.status import (
     Count,
     HeldByPause,
     Instance,
+    Parked,
     StatusReport,
     render_text,
     report_json,
@@ -297,3 +299,57 @@ def test_text_from_the_database_cannot_drive_the_terminal() -> None:
     assert [line for line in text.splitlines() if line.startswith("Relays")] == [
         "Relays (stale: no heartbeat for more than 15.0s)"
     ]
+
+
+def test_parked_keys_in_the_sample_the_gauges_and_the_report() -> None:
+    """Parked keys per route and the oldest parked age: from the sample into the backlog,
+    the gauges (a route whose last key is un-parked loses its series) and both renderings;
+    a key carrying escapes cannot drive the terminal."""
+    metrics = RelayMetrics()
+    value = metrics.registry.get_sample_value
+    backlog = Backlog.from_sample(
+        _sample(
+            parked_routes=["mail.send", "order.fulfill"],
+            parked_keys=[1, 2],
+            oldest_parked_age_s=7300.5,
+        ),
+        bound=10,
+    )
+    assert (backlog.parked_keys, backlog.parked) == ({"mail.send": 1, "order.fulfill": 2}, 3)
+    metrics.set_backlog(backlog)
+    assert value("relayd_parked_keys", {"route": "order.fulfill"}) == 2
+    assert value("relayd_parked_keys", {"route": "mail.send"}) == 1
+    assert value("relayd_oldest_parked_age_seconds") == 7300.5
+    metrics.set_backlog(Backlog.from_sample(_sample(), bound=10))  # none parked any more
+    assert value("relayd_parked_keys", {"route": "order.fulfill"}) is None
+    assert value("relayd_oldest_parked_age_seconds") == 0
+
+    report = dataclasses.replace(
+        _report(),
+        backlog=backlog,
+        parked=[
+            Parked(
+                "order-\x1b[2J1", "order.fulfill", "max_attempts", AT - timedelta(hours=2), 7300.5
+            )
+        ],
+    )
+    assert report_json(report)["parked_keys"] == {
+        "count": 3,
+        "by_route": [{"route": "mail.send", "keys": 1}, {"route": "order.fulfill", "keys": 2}],
+        "oldest_age_s": 7300.5,
+        "oldest": [
+            {
+                "key": "order-\x1b[2J1",
+                "route": "order.fulfill",
+                "reason": "max_attempts",
+                "parked_at": "2026-01-02T01:04:05+00:00",
+                "age_s": 7300.5,
+            }
+        ],
+    }
+    lines = render_text(report).splitlines()
+    at = lines.index("Parked keys: 3 ordered keys whose rows wait for an operator")
+    assert lines[at + 2].split() == ["order-\\x1b[2J1", "order.fulfill", "2h01m", "max_attempts"]
+    assert lines[at + 3].startswith("  (the 1 parked longest; `relayd keys list` shows every one")
+    assert "Parked keys: none" in render_text(_report())
+    assert report_json(_report())["parked_keys"]["count"] == 0
