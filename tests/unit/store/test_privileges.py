@@ -60,6 +60,9 @@ def test_what_each_role_needs() -> None:
     assert (Obj.OUTBOX, ("SELECT", "UPDATE")) in operator
     assert (Obj.INSTANCES, ("SELECT",)) in operator
     assert (Obj.PAUSES, ("SELECT", "INSERT", "UPDATE", "DELETE")) in operator
+    # Parked keys: the relay parks them and reads them (the claim, the sampler); the operator
+    # reads and lifts them (`relayd keys`), and never parks one.
+    assert (Obj.PARKED_KEYS, ("SELECT", "DELETE")) in operator
     assert [(g.obj, g.privileges) for g in role_grants(Role.MIGRATOR, cleanup=True)] == [
         (Obj.DATABASE, ("CREATE",))
     ]
