@@ -10,9 +10,10 @@ import random
 from typing import Any
 
 import asyncpg
+import pytest
 
 from relayd.producer import new_job
-from relayd.testing.emulator import RunningEmulator
+from relayd.testing.emulator import EmulatorConfig, RunningEmulator, start_emulator
 from relayd.testing.emulator.faults import FaultRule
 from tests.faults.order_checker import check_order
 from tests.support import (
@@ -159,3 +160,54 @@ async def test_a_row_of_an_ordered_route_without_a_key_is_dead_lettered(
     assert dead["dead_reason"] == "invalid_envelope"
     assert "no ordering key" in dead["last_error"]
     assert emulator.emulator.arrivals() == []
+
+
+@pytest.mark.parametrize(
+    ("duplicate_mode", "seen"),
+    [
+        # A destination that refuses a reused id (the OJS specification's 409; NATS within
+        # its duplicate window; a receiver that deduplicates by webhook-id) never applies
+        # the late copy: the key stays in order.
+        ("reject", ["head", "next"]),
+        # One that stores a reused id again (an OJS server that overwrites) applies the
+        # late copy after the next row: the residual window.
+        ("overwrite", ["head", "next", "head"]),
+    ],
+)
+async def test_the_residual_window_a_request_applied_after_relayd_gave_up_on_it(
+    database: Database, conn: asyncpg.Connection, duplicate_mode: str, seen: list[str]
+) -> None:
+    """docs/contract.md#c10: the destination holds the head's first request longer than
+    relayd waits (3 s against a 0.5 s attempt deadline and a 2 s lease: a sink slower than
+    the lease); relayd gives up, reconciles (the GET finds nothing yet), sends the head
+    again, publishes it and sends the next row; then the destination applies the request it
+    held, or refuses it as a duplicate."""
+    rows = await insert_interleaved(conn, ["a"], 2)
+    names = {head_of(rows, "a", 1): "head", head_of(rows, "a", 2): "next"}
+    config = EmulatorConfig(duplicate_mode="overwrite") if duplicate_mode == "overwrite" else None
+    async with await start_emulator(config or EmulatorConfig()) as emulator:
+        emulator.emulator.add_fault(
+            FaultRule(
+                action="latency", delay_ms=3000, method="POST", job_id=head_of(rows, "a"), times=1
+            )
+        )
+        settings = relay_settings(
+            database.dsn,
+            emulator.url,
+            sink={"ordering": "key", "timeout_s": 0.5, "batch": "off"},
+            relay={"lease_s": 2.0},
+        )
+        async with running(settings):
+            await eventually(lambda: drained(conn))
+            # The held request is answered 3 s after it arrived, stored or refused.
+            await emulator.emulator.wait_until(
+                lambda e: (
+                    e.ledger()[head_of(rows, "a")].posts == 2
+                    and len(e.ledger()[head_of(rows, "a")].post_statuses) == 2
+                )
+            )
+        arrivals = emulator.emulator.arrivals()
+    assert [names[i] for i in arrivals] == seen
+    report = check_order(arrivals, rows)
+    assert len(report.violations) == (duplicate_mode == "overwrite")
+    assert not report.lost
