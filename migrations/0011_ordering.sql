@@ -69,6 +69,21 @@ CREATE TRIGGER relayd_sequence_key
     WHEN (NEW.ordering_key IS NOT NULL)
     EXECUTE FUNCTION @schema@.relayd_sequence_key();
 
+-- An outbox whose rows carry their key in a column of their own (a Debezium-shaped table's
+-- aggregateid): `relayd migrate` with outbox.ordering_key_column set gives the table a
+-- trigger calling this function with the column's name, which copies the column into
+-- ordering_key before the row is numbered (PostgreSQL fires a table's BEFORE triggers in the
+-- order of their names: relayd_key_from_column, then relayd_sequence_key). A row that names
+-- its ordering_key itself keeps it.
+CREATE OR REPLACE FUNCTION @schema@.relayd_key_from_column() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    NEW.ordering_key := nullif(to_jsonb(NEW) ->> TG_ARGV[0], '');
+    RETURN NEW;
+END
+$$;
+
 -- The ordered claim's walk: per key, its pending rows in order; the first is the head.
 CREATE INDEX IF NOT EXISTS "@name@_relayd_key_heads"
     ON @outbox@ (ordering_key, ordering_seq)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -64,11 +65,30 @@ class DatabaseSettings(Section):
         return self.dsn if self.dsn is not None else self._dsn_from_file
 
 
+# A column outbox.ordering_key_column may name: a plain identifier, so that it needs no
+# quoting wherever relayd writes it.
+_COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
 class OutboxSettings(Section):
     table: str = "relayd.outbox"
     # The INSERT trigger that NOTIFYs idle relays (`relayd migrate` creates or drops it); false
     # for two-phase-commit producers (no PREPARE TRANSACTION after a NOTIFY): relays poll.
     notify_trigger: bool = True
+    # A column of the outbox holding each row's ordering key (a Debezium-shaped table's
+    # `aggregateid`): `relayd migrate` gives the table a trigger that copies it into
+    # ordering_key when a row sets none (docs/ordering.md). None: rows set ordering_key.
+    ordering_key_column: str | None = None
+
+    @field_validator("ordering_key_column")
+    @classmethod
+    def _plain_column(cls, value: str | None) -> str | None:
+        if value is not None and not _COLUMN.fullmatch(value):
+            raise ValueError(
+                "expected a column name: a letter or underscore, then letters, digits or "
+                "underscores (at most 63)"
+            )
+        return value
 
     @field_validator("table")
     @classmethod

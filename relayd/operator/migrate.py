@@ -30,6 +30,7 @@ def migrate_command(args: argparse.Namespace) -> int:
             connect_timeout_s=settings.database.connect_timeout_s,
             statement_timeout_s=max(settings.database.statement_timeout_s, 300.0),
             notify_trigger=settings.outbox.notify_trigger,
+            key_column=settings.outbox.ordering_key_column,
         )
         return {
             "table": settings.outbox.table,

@@ -464,12 +464,16 @@ def vanished(event_id: str) -> AppendError:
     return AppendError(f"event {event_id}: its stored row kept vanishing; append it again")
 
 
-def statements(table: OutboxTable, style: Literal["$", "%s", ":"]) -> tuple[str, str]:
+def statements(
+    table: OutboxTable, style: Literal["$", "%s", ":"], *, keyed: bool = False
+) -> tuple[str, str]:
     """The insert that does nothing on a taken id and the comparison read in a new
     statement, with placeholders in the driver's `style`: `$` (asyncpg, by position: id,
-    job, key), `%s` (psycopg, by name) or `:` (SQLAlchemy's text(), by name; it takes no
-    `::` after a name, hence CAST). The key is NULL for an event without one: the numbering
-    trigger does not fire."""
+    job, then the key when `keyed`), `%s` (psycopg, by name) or `:` (SQLAlchemy's text(), by
+    name; it takes no `::` after a name, hence CAST). An event without a key is written as
+    before ordered delivery existed, without naming ordering_key: an application may append
+    unkeyed events to an outbox not yet migrated to 0011 (the numbering trigger does not
+    fire for it anyway)."""
     marks = {
         "$": ("$1", "$2", "$3"),
         "%s": ("%(id)s", "%(job)s", "%(key)s"),
@@ -479,6 +483,18 @@ def statements(table: OutboxTable, style: Literal["$", "%s", ":"]) -> tuple[str,
     # Both are bound as text, cast in SQL: a codec the application registered for jsonb
     # (asyncpg's set_type_codec) would otherwise encode the envelope's text a second time.
     event_id, job = f"CAST(CAST({ident} AS text) AS uuid)", f"CAST(CAST({body} AS text) AS jsonb)"
+    if not keyed:
+        insert = (
+            f"INSERT INTO {table.qualified} (event_id, job) "
+            f"VALUES ({event_id}, {job}) ON CONFLICT (event_id) DO NOTHING RETURNING true"
+        )
+        # The key is part of the event: the same envelope stored under a key is a conflict.
+        # Read from the row as JSON, so that an outbox without the column answers too.
+        compare = (
+            f"SELECT job = {job} AND to_jsonb(o) ->> 'ordering_key' IS NULL "
+            f"FROM {table.qualified} AS o WHERE event_id = {event_id}"
+        )
+        return insert, compare
     key = f"CAST({mark} AS text)"
     insert = (
         f"INSERT INTO {table.qualified} (event_id, job, ordering_key) "
@@ -511,11 +527,13 @@ async def append(
     event_id, job, ordering_key = outbox.prepare(event, key=key)
     if not conn.is_in_transaction():
         raise NotInTransaction(NO_TRANSACTION)
-    insert, compare = statements(outbox.table, "$")
+    keyed = ordering_key is not None
+    insert, compare = statements(outbox.table, "$", keyed=keyed)
+    args = (event_id, job, ordering_key) if keyed else (event_id, job)
     for _ in range(INSERT_TRIES):
-        if await conn.fetchval(insert, event_id, job, ordering_key) is not None:
+        if await conn.fetchval(insert, *args) is not None:
             return
-        if settle(event_id, await conn.fetchval(compare, event_id, job, ordering_key)):
+        if settle(event_id, await conn.fetchval(compare, *args)):
             return
     raise vanished(event_id)
 
@@ -565,7 +583,7 @@ async def enqueue(
     """Insert one envelope under the ordering key `key` (None: none); call it inside the
     transaction that makes the business change. Unchecked and not idempotent (a taken id
     fails on the primary key): `append` is both. Only the key is checked (`InvalidEvent`)."""
-    await enqueue_many(conn, [job], table=table, keys=[key])
+    await enqueue_many(conn, [job], table=table, keys=None if key is None else [key])
     return str(job["id"])
 
 
@@ -601,16 +619,25 @@ async def enqueue_many(
             )
     if ids:
         # Bound as text and cast in SQL, as `append` does (an application's jsonb codec).
-        # Without keys, $3 is NULL and unnest pads the column with NULLs: no order to keep,
-        # the statement as before keys. With keys, ORDER BY the jobs' places: the numbering
-        # trigger fires row by row, and nothing else promises the order of unnest's rows.
-        rows = "WITH ORDINALITY AS r(i, j, k, n) ORDER BY n" if ordering_keys else "AS r(i, j, k)"
-        await conn.execute(
-            f"INSERT INTO {outbox.qualified} (event_id, job, ordering_key) "
-            "SELECT CAST(i AS uuid), CAST(j AS jsonb), k "
-            f"FROM unnest($1::text[], $2::text[], $3::text[]) {rows}",
-            ids,
-            texts,
-            ordering_keys,
-        )
+        # Without keys, the statement as before keys (it names no ordering_key: an outbox
+        # not yet migrated to 0011 takes it). With keys, ORDER BY the jobs' places: the
+        # numbering trigger fires row by row, and nothing else promises unnest's order.
+        if ordering_keys is None or all(k is None for k in ordering_keys):
+            await conn.execute(
+                f"INSERT INTO {outbox.qualified} (event_id, job) "
+                "SELECT CAST(i AS uuid), CAST(j AS jsonb) "
+                "FROM unnest($1::text[], $2::text[]) AS r(i, j)",
+                ids,
+                texts,
+            )
+        else:
+            await conn.execute(
+                f"INSERT INTO {outbox.qualified} (event_id, job, ordering_key) "
+                "SELECT CAST(i AS uuid), CAST(j AS jsonb), k "
+                "FROM unnest($1::text[], $2::text[], $3::text[]) "
+                "WITH ORDINALITY AS r(i, j, k, n) ORDER BY n",
+                ids,
+                texts,
+                ordering_keys,
+            )
     return len(ids)

@@ -60,7 +60,7 @@ def append(
     if conn.autocommit and conn.info.transaction_status != TransactionStatus.INTRANS:
         raise NotInTransaction(NO_TRANSACTION)
     params = {"id": event_id, "job": job, "key": ordering_key}
-    insert, compare = statements(outbox.table, "%s")
+    insert, compare = statements(outbox.table, "%s", keyed=ordering_key is not None)
     if isinstance(conn, psycopg.AsyncConnection):
         return _append_async(conn, insert, compare, params)
     for _ in range(INSERT_TRIES):

@@ -58,7 +58,9 @@ def append(
     # Raised at the call, before any await.
     event_id, job, ordering_key = outbox.prepare(event, key=key)
     params = {"id": event_id, "job": job, "key": ordering_key}
-    insert, compare = (text(sql) for sql in statements(outbox.table, ":"))
+    insert, compare = (
+        text(sql) for sql in statements(outbox.table, ":", keyed=ordering_key is not None)
+    )
     if isinstance(conn, AsyncConnection | AsyncSession):
         return _append_async(conn, insert, compare, params)
     for _ in range(INSERT_TRIES):

@@ -80,13 +80,20 @@ def load_migrations(directory: Traversable | None = None) -> list[Migration]:
 
 
 async def migrate(
-    store: Store, migrations: list[Migration] | None = None, *, notify_trigger: bool = True
+    store: Store,
+    migrations: list[Migration] | None = None,
+    *,
+    notify_trigger: bool = True,
+    key_column: str | None = None,
 ) -> MigrationReport:
     """Apply what the ledger lacks, then give the outbox its NOTIFY trigger or take it away
-    (`outbox.notify_trigger`); refuse (applying nothing) if an applied file changed."""
+    (`outbox.notify_trigger`), and its key-from-column trigger (`outbox.ordering_key_column`);
+    refuse (applying nothing) if an applied file changed."""
     migrations = load_migrations() if migrations is None else migrations
     ledger, applied_now, changed = await store.apply_migrations(
-        [m.step(store.table) for m in migrations], notify_trigger=notify_trigger
+        [m.step(store.table) for m in migrations],
+        notify_trigger=notify_trigger,
+        key_column=key_column,
     )
     by_version = {m.version: m for m in migrations}
     applied = [by_version[v] for v in applied_now]
@@ -113,13 +120,14 @@ async def require_current(store: Store, migrations: list[Migration] | None = Non
         )
 
 
-async def connect_and_migrate(
+async def connect_and_migrate(  # noqa: PLR0913 - the command's settings, by keyword
     dsn: str,
     table: OutboxTable,
     *,
     connect_timeout_s: float = 10.0,
     statement_timeout_s: float = 300.0,
     notify_trigger: bool = True,
+    key_column: str | None = None,
 ) -> MigrationReport:
     """Connect, migrate `table`, close: what `relayd migrate` does. Adopting a large outbox
     may take a while, hence a statement timeout of at least five minutes by default."""
@@ -131,6 +139,6 @@ async def connect_and_migrate(
         statement_timeout_s=statement_timeout_s,
     )
     try:
-        return await migrate(store, notify_trigger=notify_trigger)
+        return await migrate(store, notify_trigger=notify_trigger, key_column=key_column)
     finally:
         await store.close()

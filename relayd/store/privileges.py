@@ -177,6 +177,10 @@ STATEMENTS: Mapping[str, Needs] = {
     "notify_trigger_state": _NOTHING,  # the catalogs
     "notify_trigger_create": _NOTHING,  # on the table the migrator owns
     "notify_trigger_drop": _NOTHING,
+    "key_column_trigger_state": _NOTHING,  # the catalogs
+    "key_column_exists": _NOTHING,
+    "key_column_trigger_create": _NOTHING,  # on the table the migrator owns
+    "key_column_trigger_drop": _NOTHING,
     # The backlog: the sampler, `relayd status`, `/v1/status`, the heartbeat.
     "backlog_sample": {**_PENDING, Obj.PARKED_KEYS: ("SELECT",)},
     "backlog_top": _BY_QUEUE,

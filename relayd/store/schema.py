@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+import asyncpg
+
 from relayd.core.errors import MigrationError, SchemaError
 from relayd.store.connection import StoreBase, _translated
 
@@ -65,7 +67,11 @@ class SchemaQueries(StoreBase):
             )
 
     async def apply_migrations(
-        self, migrations: Sequence[MigrationStep], *, notify_trigger: bool
+        self,
+        migrations: Sequence[MigrationStep],
+        *,
+        notify_trigger: bool,
+        key_column: str | None = None,
     ) -> tuple[list[AppliedMigration], list[int], bool]:
         """Apply the steps in order, then create or drop the NOTIFY trigger as
         `notify_trigger` says, in one transaction, under an advisory lock; returns the ledger
@@ -112,4 +118,26 @@ class SchemaQueries(StoreBase):
                     await conn.execute(self._q["notify_trigger_drop"])
                     if notify_trigger:
                         await conn.execute(self._q["notify_trigger_create"])
+                await self._key_column(conn, key_column)
         return ledger, applied_now, changed
+
+    async def _key_column(
+        self, conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], column: str | None
+    ) -> None:
+        """Give the outbox the trigger that copies `column` into ordering_key, or take it away
+        (None), as outbox.ordering_key_column says; `MigrationError` if the table has no
+        such column."""
+        outbox = str(self.table)
+        current = await conn.fetchval(self._q["key_column_trigger_state"], outbox)
+        if current == column:
+            return
+        if column is not None and not await conn.fetchval(
+            self._q["key_column_exists"], outbox, column
+        ):
+            raise MigrationError(
+                f"outbox.ordering_key_column: {outbox} has no column {column!r} to take each "
+                "row's ordering key from"
+            )
+        await conn.execute(self._q["key_column_trigger_drop"])
+        if column is not None:
+            await conn.execute(self._q["key_column_trigger_create"].replace("%column%", column))

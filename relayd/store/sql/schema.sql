@@ -73,3 +73,34 @@ CREATE TRIGGER relayd_notify_insert
 -- gone. Relays then poll.
 -- params: none
 DROP TRIGGER IF EXISTS relayd_notify_insert ON @outbox@;
+
+-- name: key_column_trigger_state
+-- The column the outbox's key-from-column trigger copies into ordering_key (its argument), or
+-- NULL when it has none (outbox.ordering_key_column unset).
+-- params: $1 outbox table text
+SELECT (SELECT split_part(encode(tgargs, 'escape'), '\000', 1)
+        FROM pg_trigger
+        WHERE tgrelid = to_regclass($1)::oid AND tgname = 'relayd_key_from_column');
+
+-- name: key_column_exists
+-- Whether the outbox has the column outbox.ordering_key_column names.
+-- params: $1 outbox table text, $2 column text
+SELECT EXISTS (SELECT 1 FROM pg_attribute
+               WHERE attrelid = to_regclass($1)::oid AND attname = $2 AND attnum > 0
+                 AND NOT attisdropped);
+
+-- name: key_column_trigger_drop
+-- No key copied from a column of the row's own.
+-- params: none
+DROP TRIGGER IF EXISTS relayd_key_from_column ON @outbox@;
+
+-- name: key_column_trigger_create
+-- Copy the column outbox.ordering_key_column names into ordering_key on every insert that
+-- sets none (migration 0011's relayd_key_from_column). `%column%` is replaced by the column's
+-- name, checked to be a plain identifier, as the trigger's one argument.
+-- params: none
+CREATE TRIGGER relayd_key_from_column
+    BEFORE INSERT ON @outbox@
+    FOR EACH ROW
+    WHEN (NEW.ordering_key IS NULL)
+    EXECUTE FUNCTION @schema@.relayd_key_from_column('%column%');

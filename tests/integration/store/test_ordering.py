@@ -9,10 +9,13 @@ import json
 import uuid
 
 import asyncpg
+import pytest
 
+from relayd.core.errors import MigrationError
 from relayd.core.rows import ClaimBatch
 from relayd.producer import new_job
 from relayd.store import Store
+from relayd.store.migrations import migrate
 from tests.support import Database, eventually
 
 
@@ -195,3 +198,47 @@ async def test_a_second_writer_of_a_key_is_numbered_after_the_first_commits(
     }
     assert seqs == {str(early["id"]): 1, late: 2}
     assert [r.event_id for r in (await claim(store)).rows] == [str(early["id"])]
+
+
+async def test_a_column_of_the_rows_own_can_hold_the_key(
+    conn: asyncpg.Connection, store: Store
+) -> None:
+    """outbox.ordering_key_column (a Debezium-shaped table's aggregateid): `relayd migrate`
+    gives the table a trigger that copies it into ordering_key, which numbers the rows; a
+    row naming its own ordering_key keeps it; unset again, the trigger goes; a column the
+    table lacks is refused, naming the key."""
+    await conn.execute("ALTER TABLE relayd.outbox ADD COLUMN aggregateid text")
+    await migrate(store, key_column="aggregateid")
+
+    async def insert(aggregate: str | None, key: str | None = None) -> None:
+        job = new_job("test.echo", [{}])
+        await conn.execute(
+            "INSERT INTO relayd.outbox (event_id, job, aggregateid, ordering_key) "
+            "VALUES ($1, $2, $3, $4)",
+            job["id"],
+            json.dumps(job),
+            aggregate,
+            key,
+        )
+
+    await insert("order-1")
+    await insert("order-1")
+    await insert("order-2", key="chosen")
+    await insert(None)
+    rows = await conn.fetch(
+        "SELECT aggregateid, ordering_key, ordering_seq FROM relayd.outbox ORDER BY created_at"
+    )
+    assert [tuple(r) for r in rows] == [
+        ("order-1", "order-1", 1),
+        ("order-1", "order-1", 2),
+        ("order-2", "chosen", 1),
+        (None, None, None),
+    ]
+    await migrate(store)  # the setting unset: the trigger goes
+    await insert("order-1")
+    unkeyed = await conn.fetchval(
+        "SELECT count(*) FROM relayd.outbox WHERE aggregateid = 'order-1' AND ordering_key IS NULL"
+    )
+    assert unkeyed == 1
+    with pytest.raises(MigrationError, match=r"outbox\.ordering_key_column: .* no column 'nope'"):
+        await migrate(store, key_column="nope")
