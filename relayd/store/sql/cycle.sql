@@ -3,6 +3,37 @@
 -- and @name@ are replaced once at start-up by the validated, quoted identifiers;
 -- asyncpg binds by position: each block lists its parameters.
 
+-- fragment: claim_marks
+-- What a claim's answer carries for the next watermark (`claim`, `claim_ordered`; $5 the
+-- scan's start). Finite values only: a row parked at 'infinity' bounds nothing, and one at
+-- '-infinity' is claimed by the next full scan. writers_since is NULL when a writer's start
+-- is hidden from us (another role's session, without pg_read_all_stats): nothing is known,
+-- and the next claim reads the whole index.
+SELECT (SELECT min(available_at) FROM @outbox@
+        WHERE published_at IS NULL AND dead_at IS NULL
+          AND available_at >= coalesce($5::timestamptz, '-infinity')
+          AND available_at > '-infinity' AND available_at < 'infinity') AS head,
+       (SELECT CASE WHEN bool_or(xact_start IS NULL) THEN NULL
+                    ELSE coalesce(min(xact_start), now()) END
+        FROM pg_stat_activity
+        WHERE backend_xid IS NOT NULL AND datname = current_database()
+          AND pid <> pg_backend_pid()) AS writers_since
+
+-- fragment: claim_not_paused
+-- A row no pause holds (`claim`, `claim_ordered`; $4 the outbox table): the pause checks
+-- described at `claim`, uncorrelated subqueries evaluated once per statement.
+NOT EXISTS (
+    SELECT 1 FROM @schema@.relayd_pauses
+    WHERE outbox_table = $4 AND queue = '*' AND type = '*')
+AND (NOT EXISTS (SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $4)
+     OR NOT @schema@.relayd_held(job,
+         ARRAY(SELECT queue FROM @schema@.relayd_pauses
+               WHERE outbox_table = $4 AND type = '*'),
+         ARRAY(SELECT type FROM @schema@.relayd_pauses
+               WHERE outbox_table = $4 AND queue = '*'),
+         ARRAY(SELECT queue || ' ' || type FROM @schema@.relayd_pauses
+               WHERE outbox_table = $4 AND queue <> '*' AND type <> '*')))
+
 -- name: claim
 -- Lease up to $1 due rows to a fresh owner token for $3 seconds, in one autocommitted
 -- statement. SKIP LOCKED lets concurrent claimers (workers, replicas) take disjoint rows;
@@ -46,37 +77,13 @@ WITH durable AS (
     SELECT CASE WHEN current_setting('synchronous_commit') = 'off'
                 THEN set_config('synchronous_commit', 'on', true) END
 ),
-marks AS (
-    -- Finite values only: a row parked at 'infinity' bounds nothing, and one at
-    -- '-infinity' is claimed by the next full scan.
-    SELECT (SELECT min(available_at) FROM @outbox@
-            WHERE published_at IS NULL AND dead_at IS NULL
-              AND available_at >= coalesce($5::timestamptz, '-infinity')
-              AND available_at > '-infinity' AND available_at < 'infinity') AS head,
-           -- NULL when a writer's start is hidden from us (another role's session, without
-           -- pg_read_all_stats): nothing is known, and the next claim reads the whole index.
-           (SELECT CASE WHEN bool_or(xact_start IS NULL) THEN NULL
-                        ELSE coalesce(min(xact_start), now()) END
-            FROM pg_stat_activity
-            WHERE backend_xid IS NOT NULL AND datname = current_database()
-              AND pid <> pg_backend_pid()) AS writers_since
-),
+marks AS @claim_marks@,
 due AS (
     SELECT event_id, last_attempt_at, redriven_at
     FROM @outbox@
     WHERE published_at IS NULL AND dead_at IS NULL
       AND available_at >= coalesce($5::timestamptz, '-infinity') AND available_at <= now()
-      AND NOT EXISTS (
-          SELECT 1 FROM @schema@.relayd_pauses
-          WHERE outbox_table = $4 AND queue = '*' AND type = '*')
-      AND (NOT EXISTS (SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $4)
-           OR NOT @schema@.relayd_held(job,
-               ARRAY(SELECT queue FROM @schema@.relayd_pauses
-                     WHERE outbox_table = $4 AND type = '*'),
-               ARRAY(SELECT type FROM @schema@.relayd_pauses
-                     WHERE outbox_table = $4 AND queue = '*'),
-               ARRAY(SELECT queue || ' ' || type FROM @schema@.relayd_pauses
-                     WHERE outbox_table = $4 AND queue <> '*' AND type <> '*')))
+      AND @claim_not_paused@
     ORDER BY available_at, event_id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
@@ -130,17 +137,7 @@ WITH RECURSIVE durable AS (
     SELECT CASE WHEN current_setting('synchronous_commit') = 'off'
                 THEN set_config('synchronous_commit', 'on', true) END
 ),
-marks AS (
-    SELECT (SELECT min(available_at) FROM @outbox@
-            WHERE published_at IS NULL AND dead_at IS NULL
-              AND available_at >= coalesce($5::timestamptz, '-infinity')
-              AND available_at > '-infinity' AND available_at < 'infinity') AS head,
-           (SELECT CASE WHEN bool_or(xact_start IS NULL) THEN NULL
-                        ELSE coalesce(min(xact_start), now()) END
-            FROM pg_stat_activity
-            WHERE backend_xid IS NOT NULL AND datname = current_database()
-              AND pid <> pg_backend_pid()) AS writers_since
-),
+marks AS @claim_marks@,
 walk AS (
     (SELECT ordering_key, event_id, available_at
      FROM @outbox@
@@ -191,17 +188,7 @@ due AS (
         FROM @outbox@
         WHERE published_at IS NULL AND dead_at IS NULL
           AND available_at >= coalesce($5::timestamptz, '-infinity') AND available_at <= now()
-          AND NOT EXISTS (
-              SELECT 1 FROM @schema@.relayd_pauses
-              WHERE outbox_table = $4 AND queue = '*' AND type = '*')
-          AND (NOT EXISTS (SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $4)
-               OR NOT @schema@.relayd_held(job,
-                   ARRAY(SELECT queue FROM @schema@.relayd_pauses
-                         WHERE outbox_table = $4 AND type = '*'),
-                   ARRAY(SELECT type FROM @schema@.relayd_pauses
-                         WHERE outbox_table = $4 AND queue = '*'),
-                   ARRAY(SELECT queue || ' ' || type FROM @schema@.relayd_pauses
-                         WHERE outbox_table = $4 AND queue <> '*' AND type <> '*')))
+          AND @claim_not_paused@
         ORDER BY available_at, event_id
         LIMIT $1
         FOR UPDATE SKIP LOCKED
