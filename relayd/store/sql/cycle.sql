@@ -158,27 +158,28 @@ walk AS (
     ) AS step
 ),
 heads AS (
-    SELECT walk.ordering_key, walk.event_id
+    -- Each candidate locked as the walk meets it, a head another claim holds skipped, until
+    -- $1 are locked: LIMIT above the locking, so that concurrent claims walking the same keys
+    -- pass each other's heads instead of coming back short. The outbox is read through its
+    -- primary key, one row per key walked.
+    SELECT o.event_id, o.last_attempt_at, o.redriven_at, o.ordering_key
     FROM walk
+    CROSS JOIN LATERAL (
+        SELECT * FROM @outbox@ AS h WHERE h.event_id = walk.event_id
+    ) AS o
     WHERE walk.available_at = 'infinity'
+      AND o.published_at IS NULL AND o.dead_at IS NULL AND o.available_at = 'infinity'
       AND NOT EXISTS (
           SELECT 1 FROM @schema@.relayd_parked_keys AS p
           WHERE p.outbox_table = $4 AND p.destination = ''
             AND p.ordering_key = walk.ordering_key)
     LIMIT $1
+    FOR UPDATE OF o SKIP LOCKED
 ),
 ordered_due AS (
     SELECT event_id, last_attempt_at, redriven_at,
            row_number() OVER (ORDER BY ordering_key) AS turn
-    FROM (
-        SELECT o.event_id, o.last_attempt_at, o.redriven_at, o.ordering_key
-        FROM @outbox@ AS o
-        -- An array, not IN (SELECT ...): the heads are found through the primary key,
-        -- never by a join the planner could make a scan of the outbox.
-        WHERE o.event_id = ANY (ARRAY(SELECT event_id FROM heads))
-          AND o.published_at IS NULL AND o.dead_at IS NULL AND o.available_at = 'infinity'
-        FOR UPDATE SKIP LOCKED
-    ) AS locked
+    FROM heads
 ),
 due AS (
     SELECT event_id, last_attempt_at, redriven_at,
