@@ -162,28 +162,43 @@ class _Armed:
 
 
 class FaultPlan:
-    """The armed rules, in the order they were added; the first live match fires."""
+    """The armed rules, in the order they were added; the first live match fires. Rules
+    naming a job id are also filed by it, so that thousands of them (a fault per event of a
+    large run) cost a request only the rules of the ids it carries."""
 
     def __init__(self) -> None:
         self._armed: list[_Armed] = []
+        self._by_job: dict[str, list[tuple[int, _Armed]]] = {}
+        self._general: list[tuple[int, _Armed]] = []
         self._next_id = 1
 
     def add(self, rule: FaultRule) -> str:
         """Arm a rule; returns its id (``f1``, ``f2``, …)."""
         rule_id = f"f{self._next_id}"
         self._next_id += 1
-        self._armed.append(_Armed(rule_id, rule))
+        armed = _Armed(rule_id, rule)
+        placed = (len(self._armed), armed)
+        self._armed.append(armed)
+        if rule.job_id is None:
+            self._general.append(placed)
+        else:
+            self._by_job.setdefault(rule.job_id, []).append(placed)
         return rule_id
 
     def clear(self) -> int:
         """Disarm every rule; returns how many there were."""
         count = len(self._armed)
         self._armed.clear()
+        self._by_job.clear()
+        self._general.clear()
         return count
 
     def take(self, method: str, path: str, job_ids: Collection[str]) -> FaultRule | None:
         """The rule this request triggers, counted as fired; None if none matches."""
-        for armed in self._armed:
+        candidates = [*self._general]
+        for job_id in job_ids:
+            candidates.extend(self._by_job.get(job_id, ()))
+        for _, armed in sorted(candidates, key=lambda placed: placed[0]):
             if not armed.exhausted() and armed.rule.matches(method, path, job_ids):
                 armed.fired += 1
                 return armed.rule
