@@ -73,9 +73,20 @@ from relayd.core.envelope import (
     Envelope,
     InvalidEnvelope,
 )
-from relayd.core.errors import RelaydError
 from relayd.core.outcomes import DeadLetter, DeadReason
 from relayd.core.rows import OutboxTable
+
+# The errors live in their own module; importing them here re-exports them as the
+# producer's public names (`X as X`).
+from relayd.producer.errors import MAX_KEY_CHARS as MAX_KEY_CHARS
+from relayd.producer.errors import AppendError as AppendError
+from relayd.producer.errors import EventIdConflict as EventIdConflict
+from relayd.producer.errors import EventTooLarge as EventTooLarge
+from relayd.producer.errors import InvalidEvent as InvalidEvent
+from relayd.producer.errors import MissingKey as MissingKey
+from relayd.producer.errors import NoRoute as NoRoute
+from relayd.producer.errors import NotInTransaction as NotInTransaction
+from relayd.producer.errors import checked_key as checked_key
 from relayd.sinks import SinkSettings, refusal, registry
 
 if TYPE_CHECKING:
@@ -89,69 +100,6 @@ DEFAULT_TABLE = OutboxTable.parse("relayd.outbox")
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # The table refuses a pending row whose event_id is not a version 7, RFC 4122 variant UUID.
 _UUID7 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
-# The table refuses an ordering key outside 1 to this many characters
-# (relayd_ordering_key_length, migrations/0011_ordering.sql).
-MAX_KEY_CHARS = 256
-
-
-class AppendError(RelaydError):
-    """The event cannot be appended; nothing was written."""
-
-
-class NotInTransaction(AppendError):
-    """The connection is in no transaction: the event would commit alone."""
-
-
-class InvalidEvent(AppendError, ValueError):
-    """An envelope the outbox table's checks or the relay would refuse."""
-
-
-class EventTooLarge(AppendError):
-    """An envelope, or the message a sink would send for it, over the sink's bound."""
-
-
-class NoRoute(AppendError):
-    """The NATS sink has no route for the event's type and version."""
-
-
-class MissingKey(AppendError):
-    """The event's route is ordered (`ordering = "key"`) and the event has no ordering key:
-    the relay would dead-letter it."""
-
-
-class EventIdConflict(AppendError):
-    """The outbox already holds a different envelope, or the same envelope under another
-    ordering key, under the event's id."""
-
-    def __init__(self, event_id: str) -> None:
-        super().__init__(
-            f"event {event_id} is already in the outbox with a different envelope or ordering "
-            "key (an id is appended once; a new event needs a new id)"
-        )
-        self.event_id = event_id
-
-
-def checked_key(key: object, what: str = "the ordering key") -> str:
-    """`key` as the outbox stores it in `ordering_key`, or `InvalidEvent` saying what the
-    table would refuse of it (`what` names it in the message; the key itself is not
-    repeated: it is the application's data)."""
-    if not isinstance(key, str):
-        raise InvalidEvent(
-            f"{what} must be a str, not {'None' if key is None else type(key).__name__}"
-        )
-    if not key:
-        raise InvalidEvent(f"{what} is empty: a key is 1 to {MAX_KEY_CHARS} characters")
-    if len(key) > MAX_KEY_CHARS:
-        raise InvalidEvent(
-            f"{what} is {len(key)} characters long: a key is 1 to {MAX_KEY_CHARS} characters"
-        )
-    if "\x00" in key:
-        raise InvalidEvent(f"{what} holds the NUL character, which PostgreSQL text refuses")
-    try:
-        key.encode()
-    except UnicodeEncodeError:
-        raise InvalidEvent(f"{what} holds a lone surrogate, which is not UTF-8") from None
-    return str(key)  # a subclass of str, as the plain str the driver sends
 
 
 # --- typed events -------------------------------------------------------------------------

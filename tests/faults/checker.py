@@ -503,8 +503,7 @@ def _claim_problem(t: Transition, o: RowState, n: RowState) -> str | None:
     reasons = []
     if o.published_at is not None or o.dead_at is not None:
         reasons.append(f"the row was already {'published' if o.published_at else 'dead'}")
-    # A keyed row waits at 'infinity' for its turn (docs/ordering.md): the ordered claim
-    # takes it there, unleased, once it is its key's head.
+    # A keyed row waits at 'infinity', unleased, for its turn (docs/ordering.md).
     waiting_turn = o.lease_owner is None and o.available_at == datetime.max
     if _utc(o.available_at) > _utc(t.tx_now) and not waiting_turn:
         held = f"the lease of {_token(o.lease_owner)}" if o.lease_owner else "the row"
