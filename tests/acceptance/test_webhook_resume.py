@@ -121,10 +121,11 @@ async def test_a_resume_lets_every_replica_deliver_at_once(
                 return beats == 2
 
             await eventually(both_beat)
-            held = await _commit(conn, "order.lost")
 
-            # 1.
+            # 1. (B frozen before the row is committed: woken by its NOTIFY, B could otherwise
+            # claim it first and be frozen holding its lease.)
             with _stopped(b):
+                held = await _commit(conn, "order.lost")
                 await settled(held, 1)
             code, out, err = await run_relayd("status", "--json", env=env)
             assert code == 0, err
