@@ -22,6 +22,7 @@ The engine owns the rest: leases, deadlines, concurrency, the breaker's verdict,
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import importlib.util
 from collections.abc import Callable, Mapping, Sequence
@@ -276,6 +277,12 @@ class SinkSettings(Section):
         (`connection_keys`): what a producer validates, unread secrets and all."""
         return {key: value for key, value in table.items() if key not in cls.connection_keys}
 
+    @functools.cached_property
+    def _any_ordered(self) -> bool:
+        """Whether the sink or any of its routes orders rows by key."""
+        routes: Sequence[SinkRoute] = getattr(self, "routes", ())
+        return self.ordering == "key" or any(route.ordering == "key" for route in routes)
+
     def route_of(self, envelope: Envelope) -> SinkRoute | None:
         """The `[[sink.routes]]` entry that carries the envelope (None: none, or a kind
         without routes): where its ordering may be said."""
@@ -284,6 +291,8 @@ class SinkSettings(Section):
     def order_policy(self, envelope: Envelope | None) -> OrderPolicy:
         """How the envelope's route orders its rows (None: a row whose envelope could not be
         read, which follows the sink's own setting)."""
+        if not self._any_ordered:
+            return UNORDERED  # the usual case: no route lookup per row on the hot path
         route = None if envelope is None else self.route_of(envelope)
         ordering = (route.ordering if route is not None else None) or self.ordering
         if ordering == "none":
