@@ -321,15 +321,15 @@ class Outbox:
             except RecursionError:
                 raise InvalidEvent("the envelope nests too deep to be JSON") from None
         envelope = _checked(text)
-        refused = refusal(self.sink, envelope, len(_stored_text(text)))
-        if refused is not None:
-            raise _append_error(refused, envelope.id)
         if key is None and self.sink.order_policy(envelope).ordered:
             raise MissingKey(
                 f"event {envelope.id}: events of type {envelope.type!r} are delivered in order "
                 'per key (ordering = "key", on its route or the sink) and this one has no '
                 "ordering key: give it one (append(..., key=...), or define_event(..., key=...))"
             )
+        refused = refusal(self.sink, envelope, len(_stored_text(text)), key)
+        if refused is not None:
+            raise _append_error(refused, envelope.id)
         return Prepared(envelope.id, text, key)
 
 

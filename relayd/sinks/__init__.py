@@ -300,10 +300,10 @@ class SinkSettings(Section):
         on_exhausted = (route.on_exhausted if route is not None else None) or self.on_exhausted
         return OrderPolicy(ordered=True, park=on_exhausted == "park")
 
-    def refuses(self, envelope: Envelope) -> DeadLetter | None:
-        """What this kind refuses to send, decided from the envelope alone (no route for
-        its type, a message over the kind's own bound): the dead letter the relay would
-        record. None: nothing, as by default."""
+    def refuses(self, envelope: Envelope, key: str | None = None) -> DeadLetter | None:
+        """What this kind refuses to send, decided from the envelope and its ordering key
+        alone (no route for its type, a message over the kind's own bound): the dead letter
+        the relay would record. None: nothing, as by default."""
         return None
 
     @classmethod
@@ -351,9 +351,11 @@ def endpoint(url: str) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def refusal(settings: SinkSettings, envelope: Envelope, stored_bytes: int) -> DeadLetter | None:
-    """Why the sink of `settings` would never send this envelope (`stored_bytes`: its text as
-    PostgreSQL gives it back, UTF-8), or None: over `sink.max_envelope_bytes`, then what the
-    kind refuses unsent. The producer runs it before appending; the relay records the same
-    dead letters."""
-    return too_large(stored_bytes, settings.max_envelope_bytes) or settings.refuses(envelope)
+def refusal(
+    settings: SinkSettings, envelope: Envelope, stored_bytes: int, key: str | None = None
+) -> DeadLetter | None:
+    """Why the sink of `settings` would never send this envelope with this ordering key
+    (`stored_bytes`: its text as PostgreSQL gives it back, UTF-8), or None: over
+    `sink.max_envelope_bytes`, then what the kind refuses unsent. The producer runs it before
+    appending; the relay records the same dead letters."""
+    return too_large(stored_bytes, settings.max_envelope_bytes) or settings.refuses(envelope, key)

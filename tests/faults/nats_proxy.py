@@ -15,6 +15,10 @@ message, or a duplicate). The proxy forwards frame by frame and, on command:
   flight: that message is stored and its publisher never learns it (at least one ambiguous
   publish, whatever the timing). New connections are accepted as before (the client
   reconnects).
+- `hold_publish(marker)`: holds back the next publish whose frame holds `marker` (an event
+  id's bytes) while everything else flows; `release_held()` forwards it on its connection,
+  at a frame boundary, and returns once the server answered it: a copy of a message that
+  arrives late, after its publisher gave up on it and perhaps sent it again.
 
 `publishes` counts the publishes forwarded (to tell whether a relay sent anything at all).
 """
@@ -117,6 +121,11 @@ class NatsProxy:
     _links: set[_Link] = field(default_factory=set)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
     _done: asyncio.Event = field(default_factory=asyncio.Event)
+    _hold_marker: bytes | None = None
+    _held: tuple[_Link, bytes] | None = None
+    _held_reply: bytes | None = None
+    _held_now: asyncio.Event = field(default_factory=asyncio.Event)
+    _held_answered: asyncio.Event = field(default_factory=asyncio.Event)
 
     @classmethod
     def for_url(cls, url: str) -> NatsProxy:
@@ -143,6 +152,28 @@ class NatsProxy:
         returns once it has."""
         self._done.clear()
         self._publishes_before_cut = publishes
+
+    def hold_publish(self, marker: bytes) -> None:
+        """Hold back the next publish holding `marker` until `release_held()`."""
+        self._hold_marker = marker
+        self._held_now.clear()
+        self._held_answered.clear()
+
+    async def held(self, timeout_s: float = 30.0) -> None:
+        """Wait until the publish is held."""
+        async with asyncio.timeout(timeout_s):
+            await self._held_now.wait()
+
+    async def release_held(self, timeout_s: float = 30.0) -> None:
+        """Forward the held publish; return once the server's answer to it passed by."""
+        assert self._held is not None, "nothing is held"
+        link, frame = self._held
+        self._held = None
+        assert link.upstream is not None
+        link.upstream.write(frame)
+        await link.upstream.drain()
+        async with asyncio.timeout(timeout_s):
+            await self._held_answered.wait()
 
     async def done(self, timeout_s: float = 30.0) -> None:
         """Wait until the fault armed last has happened."""
@@ -182,6 +213,11 @@ class NatsProxy:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError, ValueError):
             while True:
                 line, payload = await _frame(reader)
+                if self._holds(line, payload):
+                    self._held = (link, line + payload)
+                    self._held_reply = _reply_subject(line)
+                    self._held_now.set()
+                    continue
                 link.upstream.write(line + payload)
                 await link.upstream.drain()
                 if _is_publish(line):
@@ -197,6 +233,9 @@ class NatsProxy:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError, ValueError):
             while True:
                 line, payload = await _frame(reader)
+                if self._held_reply is not None and line.split()[1:2] == [self._held_reply]:
+                    self._held_reply = None
+                    self._held_answered.set()
                 if self._cut_on_reply is not None and line.split()[1:2] == [self._cut_on_reply]:
                     self.stats.dropped_acks += 1
                     self._cut()
@@ -210,6 +249,12 @@ class NatsProxy:
                 link.client.write(line + payload)
                 await link.client.drain()
         self._end(link)
+
+    def _holds(self, line: bytes, payload: bytes) -> bool:
+        if self._hold_marker is None or not _is_publish(line) or self._hold_marker not in payload:
+            return False
+        self._hold_marker = None
+        return True
 
     def _cut(self) -> None:
         self._cut_on_reply = None

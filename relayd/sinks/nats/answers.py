@@ -231,6 +231,49 @@ def classify_stored(
     return Published(sink_state=STORED, reconciled=True)
 
 
+@dataclass(frozen=True, slots=True)
+class LastOnSubject:
+    """The last message on an ordering key's subject: at `seq` (0: the subject holds
+    nothing), and, when it is this event, what that means (published, reconciled; or a
+    conflict: another body under its id); `ours` None: another event of the key."""
+
+    seq: int
+    ours: Outcome | None = None
+
+
+def classify_last_on_subject(
+    reply: bytes, *, body: bytes, event_id: str
+) -> LastOnSubject | Outcome:
+    """The reply to a `last_by_subj` read of a key's subject (before its first publish
+    there, or after a refusal for "wrong last sequence"), or the failure to read it."""
+    where = "reading the ordering key's subject"
+    answer = _json_object(reply)
+    if answer is None:
+        return RetryLater(f"{where}: the reply is not a JetStream answer")
+    error = _api_error(answer)
+    if error is not None:
+        if error.err_code == _NO_MESSAGE or error.code == 404:
+            return LastOnSubject(0)
+        if error.code is not None and (error.code >= 500 or error.code in (408, 429)):
+            return SinkDown(f"{where}: {error.describe()}")
+        return RetryLater(f"{where}: {error.describe()}")
+    message = answer.get("message")
+    seq = message.get("seq") if isinstance(message, dict) else None
+    raw_headers = b64decode(message.get("hdrs", "")) if isinstance(message, dict) else None
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1 or raw_headers is None:
+        return RetryLater(f"{where}: the reply holds no message")
+    if _header(parse_header_block(raw_headers), MSG_ID) != [event_id]:
+        return LastOnSubject(seq)
+    return LastOnSubject(seq, classify_stored(reply, seq=None, body=body, event_id=event_id))
+
+
+def acked_seq(reply: bytes) -> int | None:
+    """The sequence a PubAck names (the stream stored the message there)."""
+    answer = _json_object(reply)
+    seq = answer.get("seq") if answer is not None else None
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else None
+
+
 def classify_marker_reply(reply: bytes, *, message: NatsMessage) -> Outcome | MarkerFound:
     """The last message on the event's marker subject, after the batch was refused with
     "wrong last sequence": our marker (then read its event), another's (a conflict)."""

@@ -13,6 +13,10 @@ Modes, chosen per route, the first that applies:
   later, and the stream echoes `allow_atomic: true` and takes the marker subjects; a marker
   on `<prefix>.<id>`, expecting sequence 0, and the event travel in one atomic batch: both
   are stored or neither.
+- `key_in_subject`: the route's subject holds the row's ordering key (`{key}`, ordered routes
+  only); the event is sent expecting the subject's last sequence to be the one relayd last
+  saw there (`relayd/sinks/nats/fence.py`): a second store of the event, or a late copy of
+  it after the key's next event, is refused at any time.
 - `window`: the stream's `duplicate_window` alone; past it, `sink.past_window` decides,
   unless an operator redrove the row since its last attempt.
 
@@ -31,7 +35,13 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from relayd.core.outcomes import DeadLetter, DeadReason, Outcome, Published, RetryLater
-from relayd.sinks.nats.message import EXPECTED_STREAM, ID_TOKEN, NatsMessage, b64decode
+from relayd.sinks.nats.message import (
+    EXPECTED_STREAM,
+    ID_TOKEN,
+    KEY_TOKEN,
+    NatsMessage,
+    b64decode,
+)
 
 # JetStream's headers for an expected subject sequence and for atomic batches (ADR-50).
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
@@ -58,6 +68,7 @@ _NANOSECONDS = 1e9
 
 class Mode(enum.StrEnum):
     ID_IN_SUBJECT = "id_in_subject"
+    KEY_IN_SUBJECT = "key_in_subject"
     ATOMIC_MARKER = "atomic_marker"
     WINDOW = "window"
 
@@ -131,22 +142,30 @@ def marker_pattern(prefix: str) -> str:
 
 def mode_for(route_subject: str, facts: StreamFacts, *, marker_prefix: str) -> Mode:
     """The mode a route runs in (the module docstring's order)."""
-    if ID_TOKEN in route_subject.split("."):
-        return Mode.ID_IN_SUBJECT
+    fixed = mode_without_facts(route_subject)
+    if fixed is not None:
+        return fixed
     if facts.atomic and facts.takes(marker_pattern(marker_prefix)):
         return Mode.ATOMIC_MARKER
     return Mode.WINDOW
 
 
+def mode_without_facts(route_subject: str) -> Mode | None:
+    """The route's mode when the subject decides it (the id or the ordering key in it: those
+    modes work on every server); None when it depends on what the server reports."""
+    tokens = route_subject.split(".")
+    if ID_TOKEN in tokens:
+        return Mode.ID_IN_SUBJECT
+    if KEY_TOKEN in tokens:
+        return Mode.KEY_IN_SUBJECT
+    return None
+
+
 def as_pattern(route_subject: str) -> str:
-    """A route's subject as the stream must take it: `{id}` is any token."""
-    return ".".join("*" if token == ID_TOKEN else token for token in route_subject.split("."))
-
-
-def needs_facts(route_subject: str) -> bool:
-    """Whether the route's mode depends on what the server reports (not when the id is in
-    the subject: that mode works on every server)."""
-    return ID_TOKEN not in route_subject.split(".")
+    """A route's subject as the stream must take it: `{id}` and `{key}` are any token."""
+    return ".".join(
+        "*" if token in (ID_TOKEN, KEY_TOKEN) else token for token in route_subject.split(".")
+    )
 
 
 # --- the window ------------------------------------------------------------------------

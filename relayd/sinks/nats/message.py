@@ -26,6 +26,10 @@ EXPECTED_STREAM = "Nats-Expected-Stream"
 MESSAGE_ID = "Message-Id"
 # A route's subject token that stands for the event id (`events.orders.{id}`).
 ID_TOKEN = "{id}"  # noqa: S105 - a subject token, not a secret
+# A route's subject token that stands for the row's ordering key (`events.orders.{key}`).
+KEY_TOKEN = "{key}"  # noqa: S105 - a subject token, not a secret
+# What a subject token may hold: visible ASCII, no wildcard, no separator.
+TOKEN_CHARS = frozenset(chr(code) for code in range(0x21, 0x7F)) - {"*", ">", "."}
 CONTENT_TYPE = "application/json"
 CE_SPECVERSION = "1.0"
 # The event's schema version as a CloudEvents extension attribute (an integer).
@@ -57,7 +61,7 @@ class Routes:
         self._subjects = {(route.type, route.version): route.subject for route in routes}
 
     def subject(self, event_type: str, version: int) -> str | None:
-        """The route's subject, as configured (`{id}` not yet replaced)."""
+        """The route's subject, as configured (`{id}` and `{key}` not yet replaced)."""
         return self._subjects.get((event_type, version)) or self._subjects.get((event_type, None))
 
     @property
@@ -70,7 +74,8 @@ class NatsMessage:
     subject: str
     body: bytes
     headers: dict[str, str]
-    # The route's subject as configured, `{id}` unreplaced: it decides the dedupe mode.
+    # The route's subject as configured, `{id}` and `{key}` unreplaced: it decides the
+    # dedupe mode.
     route: str = ""
 
     @property
@@ -79,12 +84,19 @@ class NatsMessage:
         return len(self.body) + header_block_size(self.headers)
 
 
-def message_for(
-    envelope: Envelope, routes: Routes, *, stream: str, source: str, max_body_bytes: int
+def message_for(  # noqa: PLR0913 - keywords: the sink's settings, and the row's key
+    envelope: Envelope,
+    routes: Routes,
+    *,
+    stream: str,
+    source: str,
+    max_body_bytes: int,
+    key: str | None = None,
 ) -> NatsMessage | DeadLetter:
-    """The message that carries the envelope's event, or the row's dead letter: not an
-    event (`invalid_envelope`), no route for its type and version (`no_route`), a body over
-    `sink.max_payload_bytes` (`too_large`)."""
+    """The message that carries the envelope's event (`key`: the row's ordering key, for a
+    route whose subject holds `{key}`), or the row's dead letter: not an event, or an
+    ordering key that cannot stand in its subject (`invalid_envelope`), no route for its
+    type and version (`no_route`), a body over `sink.max_payload_bytes` (`too_large`)."""
     try:
         event = DomainEvent.of(envelope)
     except InvalidEnvelope as exc:
@@ -102,12 +114,33 @@ def message_for(
             f"the event's data is {len(body)} bytes as JSON, over sink.max_payload_bytes "
             f"({max_body_bytes})",
         )
-    concrete = ".".join(event.id if token == ID_TOKEN else token for token in subject.split("."))
+    tokens = subject.split(".")
+    if KEY_TOKEN in tokens:
+        refused = key_refused(key, subject)
+        if refused is not None:
+            return DeadLetter(DeadReason.INVALID_ENVELOPE, refused)
+    concrete = ".".join(
+        event.id if token == ID_TOKEN else key if token == KEY_TOKEN and key else token
+        for token in tokens
+    )
     headers = headers_for(event, stream=stream, source=source)
     # The producer's trace context as stored (valid values only: nothing can break the
     # header block), so the message is the same bytes on every attempt.
     headers.update(carried(envelope.meta))
     return NatsMessage(concrete, body, headers, subject)
+
+
+def key_refused(key: str | None, subject: str) -> str | None:
+    """Why the ordering key cannot stand for `{key}` in the route's subject, or None: a
+    subject token is visible ASCII without '.', '*' and '>'."""
+    if key is None:
+        return f"the route's subject {subject} holds {KEY_TOKEN} and the row has no ordering key"
+    if key and TOKEN_CHARS.issuperset(key):
+        return None
+    return (
+        f"the ordering key {key!r} cannot stand for {KEY_TOKEN} in the subject {subject}: a "
+        "subject token is visible ASCII without '.', '*' and '>'"
+    )
 
 
 def headers_for(event: DomainEvent, *, stream: str, source: str) -> dict[str, str]:

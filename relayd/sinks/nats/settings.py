@@ -26,12 +26,18 @@ from relayd.core.envelope import Envelope
 from relayd.core.errors import ConfigError
 from relayd.core.outcomes import DeadLetter
 from relayd.sinks import SinkRoute, SinkSettings
-from relayd.sinks.nats.message import Route, Routes, message_for
+from relayd.sinks.nats.message import (
+    ID_TOKEN,
+    KEY_TOKEN,
+    TOKEN_CHARS,
+    Route,
+    Routes,
+    message_for,
+)
 
 # A publish subject: dot-separated tokens of visible ASCII, no wildcard. A stream name: one
 # token of the same characters, no path separator (the server refuses them).
-_VISIBLE = frozenset(chr(code) for code in range(0x21, 0x7F))
-_TOKEN = _VISIBLE - {"*", ">", "."}
+_TOKEN = TOKEN_CHARS
 _STREAM_CHARS = _TOKEN - {"/", "\\"}
 _MAX_SUBJECT_CHARS = 1024
 _MAX_STREAM_CHARS = 255
@@ -197,6 +203,28 @@ class NatsSettings(SinkSettings):
         return self
 
     @model_validator(mode="after")
+    def _key_in_ordered_subjects_only(self) -> NatsSettings:
+        # `{key}` names the subject of one key: only an ordered route's rows carry one, and
+        # a subject holding the event id too would hold one message, nothing to fence.
+        for index, route in enumerate(self.routes):
+            tokens = route.subject.split(".")
+            if KEY_TOKEN not in tokens:
+                continue
+            if ID_TOKEN in tokens:
+                raise KeyedError(
+                    f"sink.routes.{index}.subject",
+                    f"{ID_TOKEN} and {KEY_TOKEN} in one subject: give the key its subject "
+                    f"({KEY_TOKEN}) or the event its own ({ID_TOKEN}), not both",
+                )
+            if (route.ordering or self.ordering) != "key":
+                raise KeyedError(
+                    f"sink.routes.{index}.subject",
+                    f'{KEY_TOKEN} needs an ordered route (ordering = "key", on the route or '
+                    "the sink): only an ordered route's rows carry an ordering key",
+                )
+        return self
+
+    @model_validator(mode="after")
     def _one_credential_method(self) -> NatsSettings:
         if self.user is not None and self.password_file is None:
             raise KeyedError("sink.password_file", "required with sink.user")
@@ -285,15 +313,17 @@ class NatsSettings(SinkSettings):
                     exact = exact or route
         return exact or generic
 
-    def refuses(self, envelope: Envelope) -> DeadLetter | None:
-        """The sink's own verdict on the envelope, as `message_for` gives it: not an event,
-        no route for its type and version, data over `max_payload_bytes`."""
+    def refuses(self, envelope: Envelope, key: str | None = None) -> DeadLetter | None:
+        """The sink's own verdict on the envelope and its ordering key, as `message_for`
+        gives it: not an event, no route for its type and version, data over
+        `max_payload_bytes`, a key that cannot stand for `{key}` in its route's subject."""
         message = message_for(
             envelope,
             self.route_table(),
             stream=self.stream or "",
             source=self.source,
             max_body_bytes=self.max_payload_bytes,
+            key=key,
         )
         return message if isinstance(message, DeadLetter) else None
 

@@ -14,12 +14,9 @@ to print them, and failures are put in relayd's words (`relayd/sinks/nats/link.p
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import nats
 import nats.errors
@@ -41,14 +38,15 @@ from relayd.sinks import Capabilities, ExchangeObserver, SendWindow, SinkHealth,
 from relayd.sinks.nats.answers import (
     NO_ROOM,
     Duplicate,
+    LastOnSubject,
     Refused,
+    acked_seq,
     classify_ack,
     classify_batch_event,
-    classify_exception,
+    classify_last_on_subject,
     classify_marker_reply,
     classify_stored,
     never_stored,
-    read_facts,
     reply_code,
     stream_verdict,
 )
@@ -65,30 +63,20 @@ from relayd.sinks.nats.dedupe import (
     atomic_batch,
     expecting_new_subject,
     mode_for,
-    needs_facts,
+    mode_without_facts,
     past_window,
     past_window_action,
     past_window_dead_letter,
 )
+from relayd.sinks.nats.facts import StreamFactsCache
+from relayd.sinks.nats.fence import LastSequences, expected_of, expecting
+from relayd.sinks.nats.jetstream import JetStream, failure_code
 from relayd.sinks.nats.message import NatsMessage, message_for
 from relayd.sinks.nats.settings import NatsSettings
 from relayd.telemetry.logs import get_logger
 
-API_PREFIX = "$JS.API"
-# How long the server's API level and the stream's configuration are trusted before they are
-# read again (an operator may change the window or allow_atomic at any time).
-_FACTS_TTL_S = 60.0
-
-
 # Asked on every claim: one value.
 _CAPABILITIES = Capabilities(batches=True, reconcile_by_id=False)
-
-
-@dataclass(frozen=True, slots=True)
-class _Facts:
-    facts: StreamFacts
-    expires_at: float  # the sink's clock
-    read_at: float  # loop time the read was sent
 
 
 class NatsSink:
@@ -114,7 +102,6 @@ class NatsSink:
         self._stream = settings.stream_name
         self._routes = settings.route_table()
         self._health = health
-        self._observe = observe
         self._clock = clock
         self._log = get_logger("sink")
         self._connection = NatsConnection(
@@ -124,11 +111,16 @@ class NatsSink:
             observe=observe,
             on_reconnected=self._reconnected,
         )
-        # What the server and the stream reported, until when (clock) it is trusted, and
-        # when (loop time) it was asked for.
-        self._facts: _Facts | None = None
-        self._facts_failure: tuple[float, SinkDown] | None = None
-        self._facts_lock = asyncio.Lock()
+        # What the server and the stream reported (the dedupe modes depend on it).
+        self._js = JetStream(
+            self._connection,
+            stream=self._stream,
+            timeout_s=settings.timeout_s,
+            observe=observe,
+        )
+        self._facts = StreamFactsCache(self._js.read_facts, clock=clock)
+        # The last sequence seen on each ordering key's subject (key_in_subject routes).
+        self._last_seqs = LastSequences()
 
     @property
     def capabilities(self) -> Capabilities:
@@ -149,7 +141,7 @@ class NatsSink:
     def _reconnected(self) -> None:
         # Perhaps another server, or an upgraded one: its facts are read again. The breaker
         # may probe now rather than wait out its cooldown.
-        self._facts = None
+        self._facts.forget()
         self._health.sink_reconnected()
 
     # --- the Sink interface ---
@@ -175,6 +167,7 @@ class NatsSink:
                 stream=self._stream,
                 source=self._settings.source,
                 max_body_bytes=self._settings.max_payload_bytes,
+                key=row.ordering_key,
             )
             if isinstance(message, DeadLetter):
                 outcomes[row.event_id] = message  # decided here, nothing sent or noted
@@ -185,10 +178,10 @@ class NatsSink:
             if not isinstance(mode, Mode):
                 outcomes[row.event_id] = mode
                 continue
-            if mode is Mode.ATOMIC_MARKER:
+            guarded = self._piped(message, mode)
+            if guarded is None:
                 alone.append((row, message, mode))
             else:
-                guarded = expecting_new_subject(message) if mode is Mode.ID_IN_SUBJECT else message
                 piped.append((row, guarded))
         if client is None or isinstance(client, SinkDown):
             return outcomes
@@ -212,8 +205,8 @@ class NatsSink:
         client = await self._connection.get()
         if isinstance(client, SinkDown):
             return False, client.error
-        account = await self._api("account_info", f"{API_PREFIX}.INFO", b"")
-        stream = await self._api("stream_info", f"{API_PREFIX}.STREAM.INFO.{self._stream}", b"")
+        account = await self._js.account_info()
+        stream = await self._js.stream_info()
         return stream_verdict(
             account,
             stream,
@@ -240,6 +233,17 @@ class NatsSink:
             return self._noted(refused) if isinstance(refused, SinkDown) else refused
         return await self._mode(row, message, window)
 
+    def _piped(self, message: NatsMessage, mode: Mode) -> NatsMessage | None:
+        """The message as it goes in the claim's pipeline, guarded as its mode says; None
+        for one sent on its own: an atomic batch, or the head of a key whose subject relayd
+        has not seen lately (read first)."""
+        if mode is Mode.KEY_IN_SUBJECT:
+            last_seq = self._last_seqs.get(message.subject)
+            return None if last_seq is None else expecting(message, last_seq)
+        if mode is Mode.ID_IN_SUBJECT:
+            return expecting_new_subject(message)
+        return None if mode is Mode.ATOMIC_MARKER else message
+
     async def _send(
         self, client: Client, row: ClaimedRow, message: NatsMessage, mode: Mode, window: SendWindow
     ) -> Outcome:
@@ -248,6 +252,8 @@ class NatsSink:
             return NotStarted()
         if mode is Mode.ATOMIC_MARKER:
             outcome = await self._publish_batch(client, message, row.event_id, window)
+        elif mode is Mode.KEY_IN_SUBJECT:
+            outcome = await self._publish_keyed(message, row.event_id, window)
         elif mode is Mode.ID_IN_SUBJECT:
             outcome = await self._publish_one(expecting_new_subject(message), row.event_id, window)
         else:
@@ -273,8 +279,8 @@ class NatsSink:
                 try:
                     future = await inbox.send(message.subject, message.body, message.headers)
                 except (nats.errors.Error, Refused) as exc:
-                    self._note("publish", _failure_code(exc))
-                    outcomes[row.event_id] = self._noted(self._classified(exc, message.subject))
+                    self._js.note("publish", failure_code(exc))
+                    outcomes[row.event_id] = self._noted(self._js.classified(exc, message.subject))
                     continue
                 waiting.append((row, message, future))
             if waiting:
@@ -282,7 +288,7 @@ class NatsSink:
         except asyncio.CancelledError:
             for _, _, future in waiting:
                 if not future.done():
-                    self._note("publish", "timeout")  # the attempt's deadline cut it
+                    self._js.note("publish", "timeout")  # the attempt's deadline cut it
                 elif not future.cancelled():
                     future.exception()  # retrieved: a refusal has no one else to read it
                 future.cancel()
@@ -301,25 +307,69 @@ class NatsSink:
         means: no answer in time, a refusal for lack of permission, no responders."""
         if not future.done():
             future.cancel()
-            self._note("publish", "timeout")
-            return self._classified(nats.errors.TimeoutError(), message.subject)
+            self._js.note("publish", "timeout")
+            return self._js.classified(nats.errors.TimeoutError(), message.subject)
         failure = future.exception()
         if failure is not None:  # the server refused the subject (ReplyInbox.refuse)
-            self._note("publish", _failure_code(failure))
-            return self._classified(failure, message.subject)
+            self._js.note("publish", failure_code(failure))
+            return self._js.classified(failure, message.subject)
         if no_responders(future.result()):
-            self._note("publish", "no_responders")
-            return self._classified(nats.errors.NoRespondersError(), message.subject)
+            self._js.note("publish", "no_responders")
+            return self._js.classified(nats.errors.NoRespondersError(), message.subject)
         return future.result()
 
     async def _publish_one(
-        self, message: NatsMessage, event_id: str, window: SendWindow
+        self, message: NatsMessage, event_id: str, window: SendWindow, *, again: bool = True
     ) -> Outcome:
         """The event alone; a publish expecting its subject empty learns whether it is."""
-        reply = await self._request(message)
+        reply = await self._js.request(message)
         if not isinstance(reply, Msg):
             return reply
-        return await self._answered(reply, message, event_id, window)
+        return await self._answered(reply, message, event_id, window, again=again)
+
+    async def _publish_keyed(
+        self, message: NatsMessage, event_id: str, window: SendWindow
+    ) -> Outcome:
+        """The head of a key whose subject relayd has not seen lately: the subject is read
+        first (the event may be there already), then the event published expecting what was
+        read (relayd/sinks/nats/fence.py)."""
+        last = await self._last_on_subject(message, event_id)
+        if not isinstance(last, int):
+            return last
+        if window.closed():
+            return NotStarted()
+        return await self._publish_one(expecting(message, last), event_id, window)
+
+    async def _last_on_subject(self, message: NatsMessage, event_id: str) -> Outcome | int:
+        """The key's subject read: the event's own outcome when it is the last message there
+        (stored by an earlier attempt), else the last message's sequence (kept)."""
+        reply = await self._js.msg_get({"last_by_subj": message.subject})
+        if isinstance(reply, SinkDown):
+            return reply
+        last = classify_last_on_subject(reply, body=message.body, event_id=event_id)
+        if not isinstance(last, LastOnSubject):
+            return last
+        self._last_seqs.put(message.subject, last.seq)
+        return last.ours if last.ours is not None else last.seq
+
+    async def _moved(
+        self, message: NatsMessage, event_id: str, window: SendWindow, *, again: bool
+    ) -> Outcome:
+        """A fenced publish refused: the key's subject holds something else last. The event
+        itself (stored before: published) or an earlier event of the key, which relayd had
+        not seen: while the claim's window is open no other relay can hold the key's head,
+        so the event is published once more, expecting what was read; a late answer, or a
+        second refusal, leaves it to the next attempt."""
+        last = await self._last_on_subject(message, event_id)
+        if not isinstance(last, int):
+            return last
+        if again and not window.closed():
+            return await self._publish_one(expecting(message, last), event_id, window, again=False)
+        return RetryLater(
+            f"the subject {message.subject} moved on while this event was on its way (it "
+            f"expected seq {expected_of(message)}, the last is {last}): sent again on its next "
+            "attempt"
+        )
 
     async def _room_for(
         self,
@@ -342,7 +392,13 @@ class NatsSink:
         return never_stored(message, facts) or answer
 
     async def _answered(
-        self, reply: Msg, message: NatsMessage, event_id: str, window: SendWindow
+        self,
+        reply: Msg,
+        message: NatsMessage,
+        event_id: str,
+        window: SendWindow,
+        *,
+        again: bool = True,
     ) -> Outcome:
         """What the reply to a publish of the event alone means, read back if need be."""
         answer = await self._room_for(
@@ -356,14 +412,22 @@ class NatsSink:
             message,
             window,
         )
+        keyed = mode_without_facts(message.route) is Mode.KEY_IN_SUBJECT
         if isinstance(answer, Duplicate):
-            self._note("publish", "duplicate")
-            return await self._read_back(answer.seq, message, event_id)
-        self._note("publish", "ok" if isinstance(answer, Published) else reply_code(reply.data))
+            self._js.note("publish", "duplicate")
+            outcome = await self._read_back(answer.seq, message, event_id)
+            if keyed and isinstance(outcome, Published):
+                self._last_seqs.put(message.subject, answer.seq)
+            return outcome
+        self._js.note("publish", "ok" if isinstance(answer, Published) else reply_code(reply.data))
         if isinstance(answer, Taken):
+            if keyed:
+                return await self._moved(message, event_id, window, again=again)
             # The event's own subject holds a message: ours, stored by an earlier attempt
             # at any time before, or another's (a conflict).
             return await self._read_back(None, message, event_id)
+        if keyed and isinstance(answer, Published) and (seq := acked_seq(reply.data)):
+            self._last_seqs.put(message.subject, seq)
         return answer
 
     async def _mode(
@@ -373,8 +437,8 @@ class NatsSink:
         server's facts cannot be read (the sink's failure), or the row is past the window
         and `sink.past_window` dead-letters it (decided, like a re-send's warning, only for
         a row still due to be sent)."""
-        if not needs_facts(message.route):
-            return Mode.ID_IN_SUBJECT
+        if (fixed := mode_without_facts(message.route)) is not None:
+            return fixed
         # A row an earlier attempt may have stored is sent again only against facts read
         # since its claim: an operator may have shortened the stream's duplicate window
         # after they were cached, and the stream forgets ids at once then.
@@ -406,7 +470,7 @@ class NatsSink:
         window_s = facts.duplicate_window_s
         age_s = row.age_s + window.elapsed_s()
         action = past_window_action(redriven=row.redriven, setting=self._settings.past_window)
-        self._note("past_window", action.value)
+        self._js.note("past_window", action.value)
         if action is PastWindow.DEAD_LETTER:
             return past_window_dead_letter(age_s, window_s)
         fields = {"event_id": row.event_id, "age_s": round(age_s, 3), "window_s": window_s}
@@ -416,19 +480,6 @@ class NatsSink:
         else:
             self._log.warning("sink.resending_past_window", **fields)
         return None
-
-    async def _request(self, message: NatsMessage) -> Msg | Outcome:
-        """One publish and its reply, or the outcome of its failure."""
-        try:
-            return await self._connection.inbox.request(
-                message.subject, message.body, message.headers, timeout_s=self._settings.timeout_s
-            )
-        except (nats.errors.Error, Refused) as exc:
-            self._note("publish", _failure_code(exc))
-            return self._classified(exc, message.subject)
-        except asyncio.CancelledError:
-            self._note("publish", "timeout")  # the attempt's deadline cut the exchange
-            raise
 
     async def _publish_batch(  # noqa: PLR0911 - each answer to a batch is told apart
         self, client: Client, message: NatsMessage, event_id: str, window: SendWindow
@@ -445,9 +496,9 @@ class NatsSink:
         try:
             await client.publish(marker.subject, marker.body, headers=dict(marker.headers))
         except nats.errors.Error as exc:
-            self._note("publish", _failure_code(exc))
-            return self._classified(exc, marker.subject)
-        reply = await self._request(event)
+            self._js.note("publish", failure_code(exc))
+            return self._js.classified(exc, marker.subject)
+        reply = await self._js.request(event)
         if not isinstance(reply, Msg):
             return reply
         answer = await self._room_for(
@@ -457,9 +508,9 @@ class NatsSink:
             window,
         )
         code = reply_code(reply.data)
-        self._note("publish", "ok" if isinstance(answer, Published) else code)
+        self._js.note("publish", "ok" if isinstance(answer, Published) else code)
         if code == str(ATOMIC_DISABLED):
-            self._facts = None  # the stream's configuration changed: read it again
+            self._facts.forget()  # the stream's configuration changed: read it again
         if code == str(BATCH_DUPLICATE_ID):
             # The stream holds the event's id, within its window, from a publish outside a
             # batch (before this route ran in this mode): the batch stored nothing. The
@@ -482,13 +533,13 @@ class NatsSink:
         """After a batch refused with "wrong last sequence" on its marker."""
         # The batch was refused whole: the marker's subject holds a message. Ours proves
         # that an earlier batch stored the event too, at the next sequence.
-        last_marker = await self._msg_get({"last_by_subj": marker.subject})
+        last_marker = await self._js.msg_get({"last_by_subj": marker.subject})
         if isinstance(last_marker, SinkDown):
             return last_marker
         found = classify_marker_reply(last_marker, message=message)
         if not isinstance(found, MarkerFound):
             return found
-        stored = await self._msg_get({"seq": found.seq + 1})
+        stored = await self._js.msg_get({"seq": found.seq + 1})
         if isinstance(stored, SinkDown):
             return stored
         return classify_batch_event(
@@ -518,89 +569,15 @@ class NatsSink:
         """The message the stream holds at `seq` (the one a duplicate's PubAck names), or
         last on the event's own subject (`seq` None), compared with ours."""
         where = {"seq": seq} if seq is not None else {"last_by_subj": message.subject}
-        reply = await self._msg_get(where)
+        reply = await self._js.msg_get(where)
         if isinstance(reply, SinkDown):
             return reply
         return classify_stored(reply, seq=seq, body=message.body, event_id=event_id)
 
-    async def _msg_get(self, request: dict[str, Any]) -> bytes | SinkDown:
-        return await self._api(
-            "msg_get",
-            f"{API_PREFIX}.STREAM.MSG.GET.{self._stream}",
-            json.dumps(request).encode(),
-        )
-
     async def _stream_facts(self, fresh_since: float | None = None) -> StreamFacts | SinkDown:
-        """The server's API level and the stream's configuration, read when first needed
-        and again after `_FACTS_TTL_S`, a reconnect, or an answer that shows them stale, or
-        when the caller needs them read since `fresh_since` (loop time); concurrent callers
-        share one read."""
-        asked_at = self._clock()
-        if (cached := self._cached_facts(asked_at, fresh_since)) is not None:
-            return cached  # the usual case, asked for every row: no lock
-        async with self._facts_lock:
-            if (cached := self._cached_facts(asked_at, fresh_since)) is not None:
-                return cached
-            failed = self._facts_failure
-            if failed is not None and failed[0] >= asked_at:
-                return failed[1]  # decided while this row waited: shared, not asked again
-            read_at = asyncio.get_running_loop().time()
-            account = await self._api("account_info", f"{API_PREFIX}.INFO", b"")
-            stream = await self._api("stream_info", f"{API_PREFIX}.STREAM.INFO.{self._stream}", b"")
-            facts = read_facts(account, stream, stream_name=self._stream)
-            if isinstance(facts, StreamFacts):
-                self._facts = _Facts(facts, self._clock() + _FACTS_TTL_S, read_at)
-                self._facts_failure = None
-            else:
-                self._facts_failure = (self._clock(), facts)
-            return facts
-
-    def _cached_facts(self, asked_at: float, fresh_since: float | None) -> StreamFacts | None:
-        known = self._facts
-        if known is None or known.expires_at <= asked_at:
-            return None
-        if fresh_since is not None and known.read_at < fresh_since:
-            return None
-        return known.facts
-
-    async def _api(self, operation: str, subject: str, payload: bytes) -> bytes | SinkDown:
-        """One JetStream API request (`operation` names it for the metric): its reply's
-        bytes, or the failure."""
-        try:
-            reply = await self._connection.inbox.request(
-                subject, payload, None, timeout_s=self._settings.timeout_s
-            )
-        except (nats.errors.Error, Refused) as exc:
-            self._note(operation, _failure_code(exc))
-            failure = self._classified(exc, subject)
-            return failure if isinstance(failure, SinkDown) else SinkDown(str(failure))
-        except asyncio.CancelledError:
-            self._note(operation, "timeout")
-            raise
-        self._note(operation, reply_code(reply.data))
-        return reply.data
-
-    def _classified(self, exc: BaseException, subject: str) -> Outcome:
-        """A failure the client raised, as an outcome, with the connection's state."""
-        return classify_exception(exc, subject=subject, link=self._connection.link())
-
-    # --- reporting ---
+        """The server's API level and the stream's configuration (`StreamFactsCache`)."""
+        return await self._facts.get(fresh_since)
 
     def _noted(self, outcome: Outcome) -> Outcome:
         """Tell the breaker what a publish showed (a message stored, or found stored)."""
         return report(self._health, outcome)
-
-    def _note(self, operation: str, code: str) -> None:
-        if self._observe is not None:
-            self._observe(operation, code)
-
-
-def _failure_code(exc: BaseException) -> str:
-    """An exchange that got no answer, as `relayd_sink_requests_total` labels it."""
-    if isinstance(exc, nats.errors.TimeoutError):
-        return "timeout"
-    if isinstance(exc, nats.errors.NoRespondersError):
-        return "no_responders"
-    if isinstance(exc, Refused):
-        return "refused"
-    return "error"

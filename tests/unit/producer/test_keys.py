@@ -210,6 +210,26 @@ def test_a_route_may_be_unordered_on_an_ordered_sink() -> None:
         outbox.prepare(define_event("order.changed", 1, OrderChangedV1).new({"order_ref": "x"}))
 
 
+def test_a_key_that_cannot_stand_in_its_subject_is_refused_at_append() -> None:
+    """A NATS route whose subject holds the key (`events.orders.{key}`) takes only keys
+    that are one subject token: another is `InvalidEvent` here, as the relay would
+    dead-letter it `invalid_envelope`."""
+    outbox = Outbox.from_sink(
+        {
+            "kind": "nats",
+            "routes": [
+                {"type": "order.changed", "subject": "events.orders.{key}", "ordering": "key"}
+            ],
+        }
+    )
+    event = define_event("order.changed", 1, OrderChangedV1).new({"order_ref": "x"})
+    assert outbox.prepare(event, key="order-1").key == "order-1"
+    with pytest.raises(InvalidEvent, match=re.escape("the ordering key 'order 1' cannot stand")):
+        outbox.prepare(event, key="order 1")
+    with pytest.raises(MissingKey):
+        outbox.prepare(event)
+
+
 def test_without_sink_settings_no_key_is_required() -> None:
     """`Outbox()` (the default sink's settings: nothing ordered) requires no key."""
     event = define_event("order.changed", 1, OrderChangedV1).new({"order_ref": "x"})

@@ -18,10 +18,13 @@ from relayd.sinks.nats.answers import (
     ApiError,
     Duplicate,
     InboxRefused,
+    LastOnSubject,
     PublishRefused,
+    acked_seq,
     classify_ack,
     classify_api_error,
     classify_exception,
+    classify_last_on_subject,
     classify_stored,
     publish_refused,
     reply_code,
@@ -487,3 +490,62 @@ def test_check_reports_the_stream_against_the_routes(
         )
         == expected
     )
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        # An empty subject: the key's first event expects sequence 0.
+        (_error(404, 10037, "no message found"), LastOnSubject(0)),
+        # Another event of the key: its sequence.
+        (_stored(msg_id="another"), LastOnSubject(7)),
+        (_stored(body=b"{}", msg_id="another"), LastOnSubject(7)),
+        # The event itself, stored by an earlier attempt: published; or a conflict.
+        (_stored(), LastOnSubject(7, Published("stored", reconciled=True))),
+        (
+            _stored(body=b'{"order_id":43}'),
+            LastOnSubject(
+                7,
+                DeadLetter(
+                    DeadReason.CONFLICT,
+                    "the stream holds a different message under this id at seq 7 (body of 15 "
+                    "bytes, ours 15)",
+                ),
+            ),
+        ),
+        (
+            _error(503, 10008, "unavailable"),
+            SinkDown("reading the ordering key's subject: JetStream error 10008: unavailable"),
+        ),
+        (
+            _error(400, 10003, "bad request"),
+            RetryLater("reading the ordering key's subject: JetStream error 10003: bad request"),
+        ),
+        (
+            b"not json",
+            RetryLater("reading the ordering key's subject: the reply is not a JetStream answer"),
+        ),
+        (
+            _reply({"message": {"seq": 0, "hdrs": ""}}),
+            RetryLater("reading the ordering key's subject: the reply holds no message"),
+        ),
+    ],
+)
+def test_the_last_message_on_a_keys_subject(reply: bytes, expected: object) -> None:
+    """What a `last_by_subj` read of a key's subject says before a fenced publish or after
+    its refusal: the sequence to expect, or the event itself, or why it is unknown."""
+    assert classify_last_on_subject(reply, body=BODY, event_id=ID) == expected
+
+
+@pytest.mark.parametrize(
+    ("reply", "seq"),
+    [
+        (_reply({"stream": "EVENTS", "seq": 12}), 12),
+        (_reply({"stream": "EVENTS", "seq": 0}), None),
+        (_reply({"stream": "EVENTS", "seq": True}), None),
+        (_reply({"error": {"code": 400}}), None),
+        (b"[]", None),
+    ],
+)
+def test_the_sequence_a_puback_names(reply: bytes, seq: int | None) -> None:
+    assert acked_seq(reply) == seq

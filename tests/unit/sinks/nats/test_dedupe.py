@@ -152,6 +152,10 @@ def test_facts_that_cannot_be_read_are_the_sinks_failure() -> None:
         ("events.orders", _facts(subjects=("events.>", "relayd.markers.*")), Mode.ATOMIC_MARKER),
         # `{id}` is a whole token, not a part of one.
         ("events.orders{id}", _facts(0), Mode.WINDOW),
+        # The ordering key in the subject: fenced by the subject's sequence, on any server.
+        ("events.orders.{key}", _facts(), Mode.KEY_IN_SUBJECT),
+        ("events.orders.{key}", _facts(0, atomic=False), Mode.KEY_IN_SUBJECT),
+        ("events.orders{key}", _facts(0), Mode.WINDOW),
     ],
 )
 def test_each_route_runs_in_the_first_mode_that_applies(
@@ -166,6 +170,7 @@ def test_each_route_runs_in_the_first_mode_that_applies(
 def test_a_route_with_the_id_is_taken_by_a_wildcard() -> None:
     """`relayd check`: a stream takes a route with `{id}` when it takes any token there."""
     assert as_pattern("events.orders.{id}") == "events.orders.*"
+    assert as_pattern("events.{key}.orders") == "events.*.orders"
     assert _facts(subjects=("events.orders.*",)).takes(as_pattern("events.orders.{id}"))
     assert not _facts(subjects=("events.orders.x",)).takes(as_pattern("events.orders.{id}"))
 

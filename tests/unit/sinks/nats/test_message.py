@@ -192,6 +192,41 @@ def test_a_subject_template_carries_the_event_id() -> None:
     assert message.route == "events.{id}.orders.{id}"
 
 
+@pytest.mark.parametrize(
+    ("key", "subject", "error"),
+    [
+        ("order-42", "events.orders.order-42", None),
+        (
+            "Ä",
+            None,
+            "the ordering key 'Ä' cannot stand for {key} in the subject events.orders.{key}",
+        ),
+        ("a.b", None, "the ordering key 'a.b' cannot stand"),
+        ("a b", None, "the ordering key 'a b' cannot stand"),
+        ("*", None, "the ordering key '*' cannot stand"),
+        (">", None, "the ordering key '>' cannot stand"),
+        (None, None, "the route's subject events.orders.{key} holds {key} and the row has no"),
+    ],
+)
+def test_a_subject_template_carries_the_ordering_key(
+    key: str | None, subject: str | None, error: str | None
+) -> None:
+    """`{key}` is the row's ordering key, which must be one subject token; a row whose key
+    cannot be one (or that has none) is dead-lettered `invalid_envelope`, never sent."""
+    routes = Routes([Route("order.updated", "events.orders.{key}")])
+    message = message_for(
+        _envelope(), routes, stream="EVENTS", source="/orders", max_body_bytes=1024, key=key
+    )
+    if subject is not None:
+        assert isinstance(message, NatsMessage)
+        assert (message.subject, message.route) == (subject, "events.orders.{key}")
+    else:
+        assert isinstance(message, DeadLetter)
+        assert message.reason is DeadReason.INVALID_ENVELOPE
+        assert error is not None
+        assert message.error.startswith(error)
+
+
 def test_an_event_without_a_route_is_dead_lettered_no_route() -> None:
     text = json.dumps(
         {

@@ -118,6 +118,37 @@ def test_bad_routes_are_named_by_index(tmp_path: Path, route: str, error: str) -
     assert str(refused.value).startswith(error)
 
 
+@pytest.mark.parametrize(
+    ("sink", "route", "error"),
+    [
+        ("", "subject = 'events.o.{key}'\n", "sink.routes.0.subject: {key} needs an ordered route"),
+        (
+            "ordering = 'key'\n",
+            "subject = 'events.o.{key}'\nordering = 'none'\n",
+            "sink.routes.0.subject: {key} needs an ordered route",
+        ),
+        (
+            "ordering = 'key'\n",
+            "subject = 'events.{id}.{key}'\n",
+            "sink.routes.0.subject: {id} and {key} in one subject",
+        ),
+        ("ordering = 'key'\n", "subject = 'events.o.{key}'\n", None),
+        ("", "subject = 'events.o.{key}'\nordering = 'key'\n", None),
+    ],
+)
+def test_the_key_in_a_subject_needs_an_ordered_route(
+    tmp_path: Path, sink: str, route: str, error: str | None
+) -> None:
+    text = BASE + sink + "[[sink.routes]]\ntype = 'order.updated'\n" + route
+    if error is None:
+        assert _load(tmp_path, text).routes[0].subject == "events.o.{key}"
+        return
+    with pytest.raises(ConfigError) as refused:
+        _load(tmp_path, text)
+    assert str(refused.value).startswith(error)
+    assert "\n" not in str(refused.value)
+
+
 def test_two_routes_for_one_type_and_version_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as refused:
         _load(tmp_path, BASE + ROUTE + ROUTE.replace("events.orders", "events.other"))
