@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import asyncpg
-import nats
 import pytest
 import structlog
 from nats.aio.client import Client
@@ -24,7 +21,7 @@ from relayd.operator.check import run_checks
 from relayd.operator.dlq_actions import DlqRequest, Selection, act
 from relayd.store import Store
 from relayd.store.records import AuditEntry, DeadLetterFilter, DlqAction
-from relayd.testing.nats import SERVER_ENV_VAR, NatsServer
+from tests.integration.sinks.nats.conftest import Server
 from tests.integration.sinks.nats.test_sink import (
     STREAM,
     commit,
@@ -34,45 +31,10 @@ from tests.integration.sinks.nats.test_sink import (
     stored,
 )
 from tests.support import Database, drained, run_until_idle
-from tests.tools import missing
 
-# The Debian package's server: 2.9, which knows neither API levels nor atomic batches.
-DEBIAN_SERVER = Path("/usr/sbin/nats-server")
 WINDOW_NS = 1_000_000_000
 # Past the 1 s window: the wait is the point of the test, not a guess at a delay.
 PAST_WINDOW_S = 2.0
-
-
-@dataclass(frozen=True)
-class Server:
-    nats: NatsServer
-    old: bool  # Debian's 2.9, not the wheel's
-
-    @property
-    def url(self) -> str:
-        return self.nats.url
-
-
-@pytest.fixture(params=["wheel", "debian"])
-def server(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    """The dev extra's nats-server, then Debian's 2.9 where installed."""
-    old = request.param == "debian"
-    if old:
-        if not DEBIAN_SERVER.is_file():
-            missing(str(DEBIAN_SERVER), "nats-server", "the 2.9 server feature gating is tested on")
-        monkeypatch.setenv(SERVER_ENV_VAR, str(DEBIAN_SERVER))
-    else:
-        monkeypatch.delenv(SERVER_ENV_VAR, raising=False)  # the wheel's, whatever is set
-    with NatsServer() as running:
-        yield Server(running, old)
-
-
-@pytest.fixture
-async def client(server: Server) -> AsyncIterator[Client]:
-    """A client of the test's server (to create the stream and read it back)."""
-    connected = await nats.connect(server.url)
-    yield connected
-    await connected.close()
 
 
 async def create_stream(client: Client, **config: Any) -> dict[str, Any]:
