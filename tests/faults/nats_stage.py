@@ -23,6 +23,7 @@ from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
 from relayd.core.envelope import META_OCCURRED_AT, META_VERSION
+from relayd.producer import new_job
 from relayd.testing.nats import NatsServer
 from relayd.testing.processes import free_port
 from tests.faults.checker import Report
@@ -36,6 +37,10 @@ SOURCE = "/orders-service"
 EVENT_TYPE = "order.updated"
 SUBJECT = "events.orders"
 ROUTES = [{"type": EVENT_TYPE, "subject": SUBJECT}]
+# An ordered route whose subject holds the ordering key (a subject per key, each publish
+# fenced by the subject's last sequence).
+KEYED_SUBJECT = "events.orders.{key}"
+KEYED_ROUTES = [{"type": EVENT_TYPE, "subject": KEYED_SUBJECT, "ordering": "key"}]
 WHEN = "2024-05-01T12:00:00Z"
 MARKER_PREFIX = "relayd.markers"
 SWITCHES = ("RELAYD_TEST_FAILPOINTS", "RELAYD_TEST_MUTANT")
@@ -54,6 +59,8 @@ class NatsStage:
     # Each relay's HTTP port (/metrics, /healthz), by name.
     http_ports: dict[str, int] = field(default_factory=dict)
 
+    # The relays' route is ordered, its subject holding the key (KEYED_ROUTES).
+    keyed: bool = False
     # The stream takes atomic batches and the marker subjects: relayd runs the route in
     # atomic-marker mode where the server supports it (NATS 2.12.1+), window mode elsewhere.
     atomic: bool = False
@@ -81,6 +88,31 @@ class NatsStage:
         """Commit `count` events (data {"n": i}) in one transaction; their ids."""
         meta = {META_VERSION: 1, META_OCCURRED_AT: WHEN}
         return await self.scene.produce(count, job_type=EVENT_TYPE, meta=meta)
+
+    async def produce_keyed(
+        self, keys: list[str], *, chunk: int = 1000
+    ) -> dict[str, tuple[str, int]]:
+        """Commit one event per entry of `keys` (its ordering key), `chunk` a transaction;
+        each event's (key, number within its key) by id."""
+        meta = {META_VERSION: 1, META_OCCURRED_AT: WHEN}
+        rows: dict[str, tuple[str, int]] = {}
+        for start in range(0, len(keys), chunk):
+            part = keys[start : start + chunk]
+            jobs = [
+                new_job(EVENT_TYPE, [{"key": key, "n": start + i}], meta=meta)
+                for i, key in enumerate(part)
+            ]
+            async with self.scene.conn.transaction():
+                numbered = await self.scene.conn.fetch(
+                    f"INSERT INTO {self.scene.sql_table} (event_id, job, ordering_key) "
+                    "SELECT * FROM unnest($1::uuid[], $2::jsonb[], $3::text[]) "
+                    "RETURNING event_id::text, ordering_key, ordering_seq",
+                    [job["id"] for job in jobs],
+                    [json.dumps(job) for job in jobs],
+                    part,
+                )
+            rows.update({r["event_id"]: (r["ordering_key"], r["ordering_seq"]) for r in numbered})
+        return rows
 
     async def proxy(self) -> NatsProxy:
         """A started `NatsProxy` in front of the server (closed with the stage)."""
@@ -129,7 +161,7 @@ class NatsStage:
             "RELAYD_SINK__KIND": "nats",
             "RELAYD_SINK__SERVERS": (through.url if through else self.server.url),
             "RELAYD_SINK__STREAM": STREAM,
-            "RELAYD_SINK__ROUTES": json.dumps(ROUTES),
+            "RELAYD_SINK__ROUTES": json.dumps(KEYED_ROUTES if self.keyed else ROUTES),
             "RELAYD_SINK__SOURCE": SOURCE,
             "RELAYD_SINK__CONCURRENCY": "16",
         }
@@ -147,7 +179,7 @@ class NatsStage:
         expected = Expected(
             STREAM,
             SOURCE,
-            {EVENT_TYPE: SUBJECT},
+            {EVENT_TYPE: KEYED_SUBJECT if self.keyed else SUBJECT},
             self.planted,
             markers=MARKER_PREFIX if self.atomic and self._batches() else None,
             send_window_s=self.send_window_s,

@@ -33,11 +33,15 @@ from relayd.core.rows import OutboxTable
 from relayd.testing.nats import Stored, read_stream
 from tests.faults.checker import Report, assert_clean, check
 
+# The header a route whose subject holds the ordering key fences each publish with.
+FENCE = "Nats-Expected-Last-Subject-Sequence"
+
 
 @dataclass(frozen=True)
 class Expected:
     """What the stream should hold: its name, the events' ce-source, each event type's
-    subject, and the messages a scenario planted under an event's id (id -> body)."""
+    subject (`{key}` in it: the row's ordering key), and the messages a scenario planted
+    under an event's id (id -> body)."""
 
     stream: str
     source: str
@@ -83,7 +87,7 @@ def body_of(data: Any) -> bytes:
     return json.dumps(data, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
 
 
-def stream_problems(
+def stream_problems(  # noqa: PLR0912 - each rule of a published row's message
     rows: Sequence[Mapping[str, Any]], messages: Sequence[Stored], expected: Expected
 ) -> list[str]:
     """What the stream holds wrongly for the outbox `rows` (event_id, job, published_at,
@@ -91,6 +95,13 @@ def stream_problems(
     by_id: dict[str, list[Stored]] = {}
     for message in messages:
         by_id.setdefault(message.event_id, []).append(message)
+    # Where a route's subject holds the ordering key, each message expects the sequence of
+    # the one before it on its subject (0 for the first): the fence.
+    before: dict[int, int] = {}
+    last_on: dict[str, int] = {}
+    for message in messages:
+        before[message.seq] = last_on.get(message.subject, 0)
+        last_on[message.subject] = message.seq
     problems = []
     for row in rows:
         event_id, held = row["event_id"], by_id.get(row["event_id"], [])
@@ -114,6 +125,10 @@ def stream_problems(
             }
             [message] = held
             held_headers = dict(message.headers)
+            subject = expected.subjects.get(envelope["type"], "")
+            if "{key}" in subject.split("."):
+                subject = subject.replace("{key}", str(row["ordering_key"]))
+                headers[FENCE] = str(before[message.seq])
             if expected.markers is not None:
                 # The event closes its batch (marker first); marker_problems checks the id.
                 headers |= {"Nats-Batch-Sequence": "2", "Nats-Batch-Commit": "1"}
@@ -127,7 +142,7 @@ def stream_problems(
                 problems.append(f"{event_id}: headers differ: {wrong}")
             if message.body != body_of(envelope["args"][0]):
                 problems.append(f"{event_id}: body {message.body!r}")
-            if message.subject != expected.subjects.get(envelope["type"]):
+            if message.subject != subject:
                 problems.append(f"{event_id}: on subject {message.subject}")
         elif event_id in expected.planted:
             if row["dead_reason"] != "conflict":
@@ -211,7 +226,10 @@ _CLAIMS = (
     "AND new_lease_owner IS DISTINCT FROM old_lease_owner ORDER BY serial"
 )
 
-_ROWS = "SELECT event_id::text AS event_id, job::text AS job, published_at, dead_reason FROM {t}"
+_ROWS = (
+    "SELECT event_id::text AS event_id, job::text AS job, published_at, dead_reason, "
+    "ordering_key FROM {t}"
+)
 
 
 async def check_stream(

@@ -83,6 +83,28 @@ def test_each_wrong_message_is_reported(messages: list[Stored], problem: str) ->
     assert found.startswith(problem)
 
 
+KEYED = Expected("EVENTS", "/src", {"order.updated": "events.orders.{key}"})
+
+
+def keyed(event_id: str, seq: int, key: str, expects: int, **changes: Any) -> Stored:
+    fence = {"Nats-Expected-Last-Subject-Sequence": str(expects)}
+    return message(event_id, seq, subject=f"events.orders.{key}", headers=fence, **changes)
+
+
+def test_a_key_subject_holds_its_rows_each_fenced_by_the_one_before() -> None:
+    """A route whose subject holds the key: each message on its key's subject, expecting
+    the sequence of the message before it there (0 for the first); a message on another
+    key's subject, or expecting anything else, is reported."""
+    rows = [row(f"e{n}") | {"ordering_key": key} for n, key in enumerate("aab", start=1)]
+    clean = [keyed("e1", 1, "a", 0), keyed("e2", 2, "a", 1), keyed("e3", 3, "b", 0)]
+    assert stream_problems(rows, clean, KEYED) == []
+    broken = [keyed("e1", 1, "a", 0), keyed("e3", 2, "b", 0), keyed("e2", 3, "a", 0)]
+    [found] = stream_problems(rows, broken, KEYED)
+    assert found.startswith("e2: headers differ: {'Nats-Expected-Last-Subject-Sequence': '0'}")
+    elsewhere = [keyed("e1", 1, "a", 0), keyed("e2", 2, "b", 0), keyed("e3", 3, "b", 2)]
+    assert stream_problems(rows, elsewhere, KEYED) == ["e2: on subject events.orders.b"]
+
+
 def test_a_dead_row_in_the_stream_and_a_planted_conflict() -> None:
     """A dead row's id in the stream is reported unless it is the planted message alone and
     the row is dead-lettered `conflict`."""
