@@ -29,6 +29,7 @@ from relayd.testing.processes import free_port
 from tests.faults.checker import Report
 from tests.faults.harness import FAST, Process, Scene, await_ok, child_env
 from tests.faults.nats_proxy import NatsProxy
+from tests.faults.ordered import insert_keyed
 from tests.faults.stream_checker import Expected, check_stream
 from tests.support import relayd_argv, run_relayd
 
@@ -102,16 +103,7 @@ class NatsStage:
                 new_job(EVENT_TYPE, [{"key": key, "n": start + i}], meta=meta)
                 for i, key in enumerate(part)
             ]
-            async with self.scene.conn.transaction():
-                numbered = await self.scene.conn.fetch(
-                    f"INSERT INTO {self.scene.sql_table} (event_id, job, ordering_key) "
-                    "SELECT * FROM unnest($1::uuid[], $2::jsonb[], $3::text[]) "
-                    "RETURNING event_id::text, ordering_key, ordering_seq",
-                    [job["id"] for job in jobs],
-                    [json.dumps(job) for job in jobs],
-                    part,
-                )
-            rows.update({r["event_id"]: (r["ordering_key"], r["ordering_seq"]) for r in numbered})
+            rows |= await insert_keyed(self.scene.conn, self.scene.sql_table, jobs, part)
         return rows
 
     async def proxy(self) -> NatsProxy:

@@ -12,6 +12,9 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import asyncpg
 
 from relayd.producer import new_job
 from tests.faults.harness import Process, Scene
@@ -51,17 +54,25 @@ async def insert(scene: Scene, keys: list[str], *, chunk: int = 2000) -> dict[st
     for start in range(0, len(keys), chunk):
         part = keys[start : start + chunk]
         jobs = [new_job("test.ordered", [{"key": key}]) for key in part]
-        async with scene.conn.transaction():
-            numbered = await scene.conn.fetch(
-                f"INSERT INTO {scene.sql_table} (event_id, job, ordering_key) "
-                "SELECT * FROM unnest($1::uuid[], $2::jsonb[], $3::text[]) "
-                "RETURNING event_id::text, ordering_key, ordering_seq",
-                [job["id"] for job in jobs],
-                [json.dumps(job) for job in jobs],
-                part,
-            )
-        rows.update({r["event_id"]: (r["ordering_key"], r["ordering_seq"]) for r in numbered})
+        rows |= await insert_keyed(scene.conn, scene.sql_table, jobs, part)
     return rows
+
+
+async def insert_keyed(
+    conn: asyncpg.Connection, sql_table: str, jobs: list[dict[str, Any]], keys: list[str]
+) -> dict[str, tuple[str, int]]:
+    """Commit `jobs` in one transaction, each with its key (as plain SQL would); each row's
+    (key, number within its key) by id."""
+    async with conn.transaction():
+        numbered = await conn.fetch(
+            f"INSERT INTO {sql_table} (event_id, job, ordering_key) "
+            "SELECT * FROM unnest($1::uuid[], $2::jsonb[], $3::text[]) "
+            "RETURNING event_id::text, ordering_key, ordering_seq",
+            [job["id"] for job in jobs],
+            [json.dumps(job) for job in jobs],
+            keys,
+        )
+    return {r["event_id"]: (r["ordering_key"], r["ordering_seq"]) for r in numbered}
 
 
 async def ordered_under_faults(  # noqa: PLR0913 - the scenario's dimensions
