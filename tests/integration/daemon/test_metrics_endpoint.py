@@ -76,12 +76,17 @@ async def test_metrics_through_a_sink_outage(database: Database, conn: asyncpg.C
         retry={"breaker_cooldown_s": 1.0, "cap_s": 2.0},
     )
     before = await produce(conn, 20)
-    async with running(settings), aiohttp.ClientSession() as http:
+    # The sink is stopped mid-test, and closed whatever happens.
+    async with sink, running(settings), aiohttp.ClientSession() as http:
         await eventually(lambda: drained(conn))
-        # 1.
+
+        # 1. The sampled gauges appear with the sampler's first figures.
+        async def every_series() -> bool:
+            samples = await _scrape(http, port)
+            return all((name, frozenset(labels.items())) in samples for name, labels in EXPECTED)
+
+        await eventually(every_series)
         samples = await _scrape(http, port)
-        for name, labels in EXPECTED:
-            assert (name, frozenset(labels.items())) in samples, (name, labels)
         assert not [name for name, _ in samples if name.endswith("_created")]
         assert _value(samples, "relayd_build_info", version=__version__) == 1
         posted = [
@@ -126,7 +131,11 @@ async def test_metrics_through_a_sink_outage(database: Database, conn: asyncpg.C
         assert _value(samples, "relayd_outbox_rows", state="dead") == 0
         assert (
             _value(
-                samples, "relayd_sink_requests_total", sink="ojs", operation="POST", code="error"
+                samples,
+                "relayd_sink_requests_total",
+                sink="ojs",
+                operation="POST",
+                code="error",
             )
             >= 1
         )
