@@ -15,6 +15,7 @@ from aiohttp import web
 from relayd.config.console import ConsoleSettings
 from relayd.console import views
 from relayd.console.auth import REALM, Gate, Unauthenticated
+from relayd.console.overview import StatusSampler
 from relayd.core import __version__
 from relayd.core.errors import DatabaseUnavailable, PrivilegeError, StatementError
 from relayd.operator.render import stamp
@@ -48,8 +49,7 @@ class Console:
     gate: Gate
     templates: jinja2.Environment
     outbox: str
-    sample_interval_s: float  # metrics.sample_interval_s: when a relay is stale
-    lease_s: float  # relay.lease_s: which rows `relayd status` counts as leased
+    status: StatusSampler  # the overview's figures
 
 
 STATIC = Path(__file__).resolve().parent / "static"

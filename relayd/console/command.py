@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from relayd.console.auth import Gate
     from relayd.operator.command import Commands
+    from relayd.store import Store
 
 # The console's pool: one connection for the page being served, one for the overview's
 # refresh or an action's batch; a third request waits for one of them.
@@ -54,6 +55,7 @@ async def serve(settings: Settings, gate: Gate) -> None:
 
     from relayd.config.sections import parse_listen  # noqa: PLC0415
     from relayd.console.app import Console, build_app, templates  # noqa: PLC0415
+    from relayd.console.overview import StatusSampler, sampling  # noqa: PLC0415
     from relayd.store import Store  # noqa: PLC0415
     from relayd.store.migrations import require_current  # noqa: PLC0415
 
@@ -73,8 +75,11 @@ async def serve(settings: Settings, gate: Gate) -> None:
             gate=gate,
             templates=templates(),
             outbox=str(store.table),
-            sample_interval_s=settings.metrics.sample_interval_s,
-            lease_s=settings.relay.lease_s,
+            status=StatusSampler(
+                store,
+                interval_s=settings.metrics.sample_interval_s,
+                lease_s=settings.relay.lease_s,
+            ),
         )
         runner = web.AppRunner(build_app(console), access_log=None, handle_signals=False)
         await runner.setup()
@@ -82,20 +87,30 @@ async def serve(settings: Settings, gate: Gate) -> None:
         site = web.TCPSite(runner, host, port)
         try:
             await site.start()
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, stop.set)
-            mode = "actions on" if console_settings.actions else "read-only"
-            sys.stderr.write(
-                f"relayd: console for {store.table} on {_url(site)} ({mode}); Ctrl-C stops it\n"
-            )
-            sys.stderr.flush()
-            await stop.wait()
+            async with sampling(console.status):
+                await _until_signalled(site, store, console_settings.actions)
         finally:
             await runner.cleanup()
     finally:
         await store.close()
+
+
+async def _until_signalled(site: web.TCPSite, store: Store, actions: bool) -> None:
+    """Say where the console listens, then wait for SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        mode = "actions on" if actions else "read-only"
+        sys.stderr.write(
+            f"relayd: console for {store.table} on {_url(site)} ({mode}); Ctrl-C stops it\n"
+        )
+        sys.stderr.flush()
+        await stop.wait()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
 
 
 def _url(site: web.TCPSite) -> str:

@@ -18,7 +18,6 @@ from relayd.core.outcomes import DeadReason
 from relayd.operator.command import BadInput, parse_ids
 from relayd.operator.dlq_filters import FilterArgs, filter_args
 from relayd.operator.keys_actions import parked_keys
-from relayd.operator.status import build_report
 from relayd.store.records import DeadLetterFilter, EventRecord
 
 PAGE_ROWS = 50
@@ -44,10 +43,7 @@ async def overview_figures(request: web.Request) -> web.StreamResponse:
 
 
 async def _status(request: web.Request) -> dict[str, Any]:
-    console = console_of(request)
-    report = await build_report(
-        console.store, sample_interval_s=console.sample_interval_s, lease_s=console.lease_s
-    )
+    report = await console_of(request).status.latest()
     backlog = report.backlog
     states = [
         ("ready", backlog.ready, "claimable now"),

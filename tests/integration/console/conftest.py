@@ -17,10 +17,13 @@ from relayd.config.console import ConsoleSettings
 from relayd.console.app import Console, build_app, templates
 from relayd.console.auth import Gate
 from relayd.console.command import POOL_MAX
+from relayd.console.overview import StatusSampler, sampling
 from relayd.store import Store
 from tests.support import Database, produce
 
 LOCAL_USER = "ops-tester"
+# The overview's figures are read at most this often (metrics.sample_interval_s).
+SAMPLE_INTERVAL_S = 1.0
 _CSRF = re.compile(r'name="csrf" value="([0-9a-f]+)"')
 
 
@@ -47,9 +50,11 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def served(database: Database, **console: Any) -> AsyncIterator[Served]:
+async def served(
+    database: Database, *, sample_interval_s: float = SAMPLE_INTERVAL_S, **console: Any
+) -> AsyncIterator[Served]:
     """The console over `database`, with `[console]` as given (loopback, the local user by
-    default)."""
+    default), its overview read at most every `sample_interval_s`."""
     settings = ConsoleSettings(**console)
     if settings.authentication is None:
         gate = Gate(None, local_user=LOCAL_USER)
@@ -67,13 +72,13 @@ async def served(database: Database, **console: Any) -> AsyncIterator[Served]:
         gate=gate,
         templates=templates(),
         outbox=str(store.table),
-        sample_interval_s=5.0,
-        lease_s=30.0,
+        status=StatusSampler(store, interval_s=sample_interval_s, lease_s=30.0),
     )
     client: TestClient[Any, Any] = TestClient(TestServer(build_app(console_), host="127.0.0.1"))
     await client.start_server()
     try:
-        yield Served(client, console_)
+        async with sampling(console_.status):
+            yield Served(client, console_)
     finally:
         await client.close()
         await store.close()

@@ -43,6 +43,23 @@ async def test_the_overview_shows_the_figures_relayd_status_reads(
     assert report.backlog.ready > 0
 
 
+async def test_the_overview_reads_the_database_once_per_interval_however_often_asked(
+    database: Database, conn: asyncpg.Connection
+) -> None:
+    """Ten overviews and fragments within one sample interval: one status read; the rows
+    appended meanwhile show at the next read, not before."""
+    await produce(conn, 3)
+    async with served(database, sample_interval_s=3600.0) as console:
+        for path in ["/", "/overview/figures"] * 5:
+            status, text = await console.page(path)
+            assert status == 200
+            assert re.search(r'<div class="label">ready</div>\s*<div class="figure">3<', text)
+        await produce(conn, 2)
+        status, text = await console.page("/overview/figures")
+        assert re.search(r'<div class="label">ready</div>\s*<div class="figure">3<', text)
+        assert console.console.status.reads == 1
+
+
 async def test_every_page_answers_with_a_strict_content_security_policy(
     database: Database, conn: asyncpg.Connection
 ) -> None:
