@@ -52,6 +52,21 @@ class Console:
     status: StatusSampler  # the overview's figures
 
 
+def new_console(
+    store: Store, settings: ConsoleSettings, gate: Gate, *, sample_interval_s: float, lease_s: float
+) -> Console:
+    """The console over `store`: its overview read at most every `sample_interval_s`
+    (metrics.sample_interval_s); `lease_s` is relay.lease_s, as `relayd status` reads it."""
+    return Console(
+        store=store,
+        settings=settings,
+        gate=gate,
+        templates=templates(),
+        outbox=str(store.table),
+        status=StatusSampler(store, interval_s=sample_interval_s, lease_s=lease_s),
+    )
+
+
 STATIC = Path(__file__).resolve().parent / "static"
 CONSOLE = web.AppKey("console", Console)
 USER = web.RequestKey("user", str)

@@ -54,8 +54,8 @@ async def serve(settings: Settings, gate: Gate) -> None:
     from aiohttp import web  # noqa: PLC0415
 
     from relayd.config.sections import parse_listen  # noqa: PLC0415
-    from relayd.console.app import Console, build_app, templates  # noqa: PLC0415
-    from relayd.console.overview import StatusSampler, sampling  # noqa: PLC0415
+    from relayd.console.app import build_app, new_console  # noqa: PLC0415
+    from relayd.console.overview import sampling  # noqa: PLC0415
     from relayd.store import Store  # noqa: PLC0415
     from relayd.store.migrations import require_current  # noqa: PLC0415
 
@@ -69,17 +69,12 @@ async def serve(settings: Settings, gate: Gate) -> None:
     )
     try:
         await require_current(store)
-        console = Console(
-            store=store,
-            settings=console_settings,
-            gate=gate,
-            templates=templates(),
-            outbox=str(store.table),
-            status=StatusSampler(
-                store,
-                interval_s=settings.metrics.sample_interval_s,
-                lease_s=settings.relay.lease_s,
-            ),
+        console = new_console(
+            store,
+            console_settings,
+            gate,
+            sample_interval_s=settings.metrics.sample_interval_s,
+            lease_s=settings.relay.lease_s,
         )
         runner = web.AppRunner(build_app(console), access_log=None, handle_signals=False)
         await runner.setup()

@@ -14,10 +14,10 @@ import asyncpg
 from aiohttp.test_utils import TestClient, TestServer
 
 from relayd.config.console import ConsoleSettings
-from relayd.console.app import Console, build_app, templates
+from relayd.console.app import Console, build_app, new_console
 from relayd.console.auth import Gate
 from relayd.console.command import POOL_MAX
-from relayd.console.overview import StatusSampler, sampling
+from relayd.console.overview import sampling
 from relayd.store import Store
 from tests.support import Database, produce
 
@@ -66,14 +66,7 @@ async def served(
         max_size=POOL_MAX,
         statement_timeout_s=settings.statement_timeout_s,
     )
-    console_ = Console(
-        store=store,
-        settings=settings,
-        gate=gate,
-        templates=templates(),
-        outbox=str(store.table),
-        status=StatusSampler(store, interval_s=sample_interval_s, lease_s=30.0),
-    )
+    console_ = new_console(store, settings, gate, sample_interval_s=sample_interval_s, lease_s=30.0)
     client: TestClient[Any, Any] = TestClient(TestServer(build_app(console_), host="127.0.0.1"))
     await client.start_server()
     try:
