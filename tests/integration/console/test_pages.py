@@ -220,3 +220,35 @@ async def test_pauses_and_parked_keys_are_listed(
         assert "inventory-db is down" in text
         assert "Retry" not in text
         assert "<form" not in text
+
+
+async def test_a_database_gone_shows_as_a_page_not_a_crash(
+    database: Database, conn: asyncpg.Connection
+) -> None:
+    """The pool closed under the console: the overview (its sampler's read) and a list page
+    answer 503 saying the database is unavailable, naming no DSN."""
+    await dead_letters(conn, 1)
+    async with served(database) as console:
+        await console.console.store.close()
+        for path in ("/", "/dead-letters"):
+            status, text = await console.page(path)
+            assert status == 503, path
+            assert "Database unavailable" in text
+            assert database.dsn not in text
+
+
+async def test_a_url_token_in_an_error_never_reaches_a_page(
+    database: Database, conn: asyncpg.Connection
+) -> None:
+    """An error quoting a URL with a token (a receiver's answer, an old row): redacted on the
+    list and on the dead letter's page."""
+    [event_id] = await dead_letters(
+        conn, 1, error="POST https://hooks.example/h/AbCdEf0123456789xyz?key=s3cr3t: 400"
+    )
+    async with served(database) as console:
+        for path in ("/dead-letters", f"/dead-letters/{event_id}", f"/events/{event_id}"):
+            status, text = await console.page(path)
+            assert status == 200
+            assert "https://hooks.example/h/***?***" in text, path
+            assert "s3cr3t" not in text, path
+            assert "AbCdEf0123456789xyz" not in text, path
