@@ -18,7 +18,7 @@ from aiohttp import web
 from multidict import MultiDictProxy
 
 from relayd.console.app import console_of, refuse, render, user_of
-from relayd.console.pages import query_filters
+from relayd.console.pages import query_filters, resolve_filters
 from relayd.core.errors import DatabaseUnavailable
 from relayd.operator.command import BadInput, check_text, parse_ids
 from relayd.operator.dlq_actions import DlqRequest, Selection, act, walk_end
@@ -81,7 +81,7 @@ async def dead_letters_act(request: web.Request) -> web.StreamResponse:
     confirmed = _field(form, "confirmed") == _CONFIRMED
     now = await console.store.operator_now()
     try:
-        filters = wanted.resolve(now)
+        filters = resolve_filters(wanted, now)
     except BadInput as exc:
         return refuse(request, 400, "Cannot act", str(exc))
     until = walk_end(filters, now if walk_until is None else min(walk_until, now))

@@ -6,6 +6,8 @@ audit rows naming it."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -57,11 +59,30 @@ async def _status(request: web.Request) -> dict[str, Any]:
 
 def query_filters(query: dict[str, str]) -> tuple[FilterArgs, dict[str, str]]:
     """The dead-letter filters of a page's query (or a form), checked by `relayd dlq`'s own
-    parser; blank fields are unset. Also the set fields, to carry to the next page."""
+    parser; blank fields are unset. Also the set fields, to carry to the next page. A
+    `BadInput` names the page's field, not the command's option."""
     given = {name: (query.get(name) or "").strip() for name in FILTER_FIELDS}
     given = {name: value for name, value in given.items() if value}
     values = {option: given.get(name) for name, option in FILTER_FIELDS.items()}
-    return filter_args(argparse.Namespace(**values)), given
+    with _fields_named():
+        return filter_args(argparse.Namespace(**values)), given
+
+
+def resolve_filters(wanted: FilterArgs, now: datetime) -> DeadLetterFilter:
+    """`wanted` on the database's clock (`since=2h`); a `BadInput` names the page's field."""
+    with _fields_named():
+        return wanted.resolve(now)
+
+
+@contextlib.contextmanager
+def _fields_named() -> Iterator[None]:
+    try:
+        yield
+    except BadInput as exc:
+        message = str(exc)
+        for name, option in FILTER_FIELDS.items():
+            message = message.replace(f"--{option.replace('_', '-')}", name)
+        raise BadInput(message) from None
 
 
 async def dead_letters(request: web.Request) -> web.StreamResponse:
@@ -77,7 +98,7 @@ async def dead_letters(request: web.Request) -> web.StreamResponse:
         )
     now = await console.store.operator_now()
     try:
-        filters = wanted.resolve(now)
+        filters = resolve_filters(wanted, now)
     except BadInput as exc:
         return render(
             request, "dead_letters.html", status=400, error=str(exc), given=given, **context

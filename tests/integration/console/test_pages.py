@@ -124,7 +124,12 @@ async def test_dead_letters_filter_by_reason_queue_type_age_and_text(
         assert "is not a dead reason" in text
         status, text = await console.page("/dead-letters?since=yesterday")
         assert status == 400
-        assert "--since" in text
+        assert "since: expected an ISO 8601 time" in text
+        assert "--since" not in text
+        status, text = await console.page("/dead-letters?since=1h&until=2h")
+        assert status == 400
+        assert "since (" in text
+        assert "must be before until (" in text
 
 
 async def test_dead_letters_page_by_keyset_without_repeating_or_skipping(
