@@ -23,6 +23,9 @@ from relayd.operator.keys_actions import parked_keys
 from relayd.store.records import DeadLetterFilter, EventRecord
 
 PAGE_ROWS = 50
+# The most dead letters a page reads to find its rows: a filter that matches few of them
+# shows what it found there, and its next page reads on.
+PAGE_WINDOW = 1000
 PARKED_SHOWN = 200
 # The dead-letter filters as the page's query names them, and the option each stands for.
 FILTER_FIELDS = {
@@ -103,13 +106,12 @@ async def dead_letters(request: web.Request) -> web.StreamResponse:
         return render(
             request, "dead_letters.html", status=400, error=str(exc), given=given, **context
         )
-    rows = await console.store.console_dead_letters(filters, before=before, limit=PAGE_ROWS + 1)
-    more = len(rows) > PAGE_ROWS
-    rows = rows[:PAGE_ROWS]
+    rows, after = await console.store.console_dlq(
+        filters, before=before, limit=PAGE_ROWS, window=PAGE_WINDOW
+    )
     next_href = first_href = None
-    if more:
-        after = views.cursor(rows[-1].dead_at, rows[-1].event_id)
-        next_href = "/dead-letters?" + urlencode(given | {"before": after})
+    if after is not None:
+        next_href = "/dead-letters?" + urlencode(given | {"before": views.cursor(*after)})
     if before is not None:
         first_href = "/dead-letters?" + urlencode(given)
     return render(
@@ -121,6 +123,7 @@ async def dead_letters(request: web.Request) -> web.StreamResponse:
         paged=before is not None,
         next_href=next_href,
         first_href=first_href,
+        window=PAGE_WINDOW,
         resolved=_resolved(filters),
         **(context | {"rows": rows}),
     )

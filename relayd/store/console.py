@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from datetime import datetime
 
+from relayd.store.connection import _translated
 from relayd.store.dead_letters import DeadLetterQueries
 from relayd.store.records import AuditRecord, DeadLetterFilter, DeadLetterRow, EventRecord
 
@@ -17,26 +18,42 @@ AUDIT_LOOKBACK = 10_000
 class ConsoleQueries(DeadLetterQueries):
     """Bounded reads for the console's pages (sql/console.sql)."""
 
-    async def console_dead_letters(
+    async def console_dlq(
         self,
         filters: DeadLetterFilter,
         *,
         before: tuple[datetime, str] | None,
         limit: int,
-    ) -> list[DeadLetterRow]:
-        """Dead letters (not discarded) matching `filters`, newest first, after the keyset
-        cursor `before` (the (dead_at, event_id) of the last row of the previous page)."""
-        before_at, before_id = before if before is not None else (None, None)
-        records = await self._fetch(
-            "console_dead_letters",
-            filters.since,
-            filters.until,
-            before_at,
-            limit,
-            *filters.matching(),
-            before_id,
-        )
-        return [self._dead_letter_row(r) for r in records]
+        window: int,
+    ) -> tuple[list[DeadLetterRow], tuple[datetime, str] | None]:
+        """Up to `limit` dead letters (not discarded) matching `filters`, newest first, among
+        at most `window` entries of the dead-letter index after the keyset cursor `before`
+        (None: from `filters.until`, or the newest); and the cursor of the next page, None
+        when no older dead letter can match."""
+        start: tuple[datetime | None, str | None] = before or (filters.until, None)
+        with _translated("console_dlq"):
+            async with self._pool.acquire() as conn, conn.transaction(readonly=True):
+                await conn.execute(self._q["console_in_order"])
+                records = await conn.fetch(
+                    self._q["console_dlq"],
+                    filters.since,
+                    filters.until,
+                    start[0],
+                    limit + 1,
+                    *filters.matching(),
+                    start[1],
+                    window,
+                )
+        rows = [self._dead_letter_row(r) for r in records if not r["window_end"]]
+        if len(rows) > limit:
+            last = rows[limit - 1]
+            assert last.dead_at is not None  # noqa: S101 - a dead letter
+            return rows[:limit], (last.dead_at, last.event_id)
+        # Fewer than a page matched: the scan read its window, or the index ended.
+        ends = [r for r in records if r["window_end"]]
+        if not ends or (filters.since is not None and ends[0]["dead_at"] < filters.since):
+            return rows, None
+        return rows, (ends[0]["dead_at"], ends[0]["event_id"])
 
     async def console_event(self, event_id: str) -> EventRecord | None:
         """The outbox row `event_id`, whatever its state; None if there is none."""

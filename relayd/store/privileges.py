@@ -229,8 +229,8 @@ STATEMENTS: Mapping[str, Needs] = {
     "key_head": {Obj.OUTBOX: ("SELECT", "UPDATE")},  # FOR UPDATE
     "key_retry": _FENCED,
     "key_skip": _FENCED,
-    # `relayd console`'s own reads (its other statements are the commands').
-    "console_dead_letters": _BY_QUEUE,
+    "console_dlq": _BY_QUEUE,  # `relayd console`'s own reads (the rest are the commands')
+    "console_in_order": _NOTHING,
     "console_event": {**_BY_QUEUE, Obj.PARKED_KEYS: ("SELECT",)},
     "console_audit": {Obj.AUDIT: ("SELECT",)},
     # `relayd check` and `relayd doctor`.
@@ -359,7 +359,9 @@ TASKS: Mapping[Role, tuple[Task, ...]] = {
             ),
         ),
         Task("relayd doctor: the claim's plan", ("explain_claim",)),
-        Task("relayd console", ("console_dead_letters", "console_event", "console_audit")),
+        Task(
+            "relayd console", ("console_in_order", "console_dlq", "console_event", "console_audit")
+        ),
     ),
     Role.MIGRATOR: (
         Task(

@@ -8,7 +8,9 @@ from __future__ import annotations
 import re
 
 import asyncpg
+import pytest
 
+from relayd.console import pages
 from relayd.operator.status import build_report
 from relayd.store import Store
 from tests.integration.console.conftest import dead_letters, served
@@ -257,3 +259,28 @@ async def test_a_url_token_in_an_error_never_reaches_a_page(
             assert "https://hooks.example/h/***?***" in text, path
             assert "s3cr3t" not in text, path
             assert "AbCdEf0123456789xyz" not in text, path
+
+
+async def test_a_sparse_filter_reads_a_bounded_window_per_page_and_reads_on(
+    database: Database, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With pages reading at most 10 dead letters, a filter matching only the 5 oldest of 35
+    shows empty pages that read on, then those 5, newest first, each once."""
+    monkeypatch.setattr(pages, "PAGE_WINDOW", 10)
+    mail = await dead_letters(conn, 5, queue="mail", dead_for="2 hours")
+    await dead_letters(conn, 30, queue="orders", dead_for="1 hour")
+    async with served(database) as console:
+        seen: list[str] = []
+        path: str | None = "/dead-letters?queue=mail"
+        reads = 0
+        while path is not None:
+            status, text = await console.page(path)
+            assert status == 200
+            seen += _rows(text)
+            reads += 1
+            if not _rows(text):
+                assert "None of the 10 dead letters read for this page matches" in text
+            found = re.search(r'<a rel="next" href="([^"]+)"', text)
+            path = None if found is None else found.group(1).replace("&amp;", "&")
+        assert seen == mail[::-1]
+        assert reads == 4  # 30 newer rows read 10 at a time, then the 5 (and the index's end)
