@@ -22,6 +22,11 @@ from typing import Any, TypeVar
 
 import asyncpg
 import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
 
 from relayd.testing.emulator.app import RunningEmulator
 from tests import tools
@@ -40,12 +45,6 @@ SCREENSHOTS_ENV = "RELAYD_TEST_CONSOLE_SCREENSHOTS"
 WINDOW = (1366, 900)
 _WAIT_S = 20.0
 _T = TypeVar("_T")
-
-webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 
 @pytest.fixture
