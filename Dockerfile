@@ -25,10 +25,11 @@ RUN groupadd --system --gid 10001 relayd \
        --shell /usr/sbin/nologin relayd
 COPY deploy/constraints.txt /tmp/constraints.txt
 COPY --from=build /dist/ /tmp/dist/
-# Every destination's client and the OpenTelemetry exporter: one image relays to any sink.
+# Every destination's client, the OpenTelemetry exporter and the console: one image relays
+# to any sink, and serves `relayd console`.
 RUN wheel="$(ls /tmp/dist/*.whl)" \
     && pip install --no-cache-dir --disable-pip-version-check -c /tmp/constraints.txt \
-       "${wheel}[nats,otel]" \
+       "${wheel}[console,nats,otel]" \
     && rm -rf /tmp/dist /tmp/constraints.txt
 # JSON logs; the endpoints listen beyond loopback so that a probe or a scrape can reach them
 # (publish the port deliberately: they have no authentication).

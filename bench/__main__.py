@@ -21,6 +21,7 @@ from pathlib import Path
 from bench import (
     appends,
     backlog,
+    console,
     drain,
     horizon,
     lag,
@@ -46,6 +47,7 @@ SCENARIOS: dict[str, Callable[[Bench], Awaitable[Result]]] = {
     tracing.NAME: tracing.run,
     appends.NAME: appends.run,
     ordered.NAME: ordered.run,
+    console.NAME: console.run,
 }
 
 

@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from relayd.console import command as console_command
 from relayd.core import __version__
 from relayd.core.errors import (
     EXIT_FAILURE,
@@ -167,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
         keys.add_commands,
         _add_config_commands,
         status.add_commands,
+        console_command.add_commands,
         _add_demo_command,
         emulator_command.add_commands,
         healthcheck.add_commands,

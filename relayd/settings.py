@@ -32,6 +32,7 @@ from pydantic_settings import (
 )
 
 from relayd.config.base import KeyedError, sink_files_unread
+from relayd.config.console import ConsoleSettings
 from relayd.config.dsn import redact_dsn
 from relayd.config.sections import (
     CleanupSettings,
@@ -98,6 +99,7 @@ class Settings(BaseSettings):
     log: LogSettings = LogSettings()
     cleanup: CleanupSettings = CleanupSettings()
     metrics: MetricsSettings = MetricsSettings()
+    console: ConsoleSettings = ConsoleSettings()
 
     @classmethod
     def settings_customise_sources(

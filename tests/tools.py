@@ -1,5 +1,5 @@
 """The system tools some tests run (promtool, prometheus, systemd-analyze, nftables and
-iproute2, libfaketime), found by one rule.
+iproute2, libfaketime, Chromium and its chromedriver), found by one rule.
 
 On a user's machine a missing tool skips the tests that need it, naming the tool and the
 Debian package that provides it, and the run's summary lists what was not proven there. In

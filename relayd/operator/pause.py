@@ -32,6 +32,7 @@ from relayd.store.records import EVERY_QUEUE, EVERY_TYPE, Pause, QueueUse, descr
 
 if TYPE_CHECKING:
     from relayd.operator.command import Commands
+    from relayd.store import Store
 
 _MAX_REASON_CHARS = 1000
 # How many rows `pause --queue` reads at most looking for one that routes to the queue: no
@@ -69,6 +70,29 @@ def _name_arg(
     return value
 
 
+async def pause_queue(store: Store, queue: str, job_type: str, *, reason: str, actor: str) -> bool:
+    """Pause `queue` and `job_type` (each `'*'` for every one) on every relay of the
+    store's outbox, with its audit row: what `relayd pause` and the console run. True if the
+    pause is new, False if it was there already (its reason is then updated)."""
+    return await store.pause(queue, job_type, reason, actor)
+
+
+async def queue_use(store: Store, queue: str) -> QueueUse | None:
+    """Whether a row of the outbox routes to `queue` (None for every queue). Looked at once a
+    pause is written: a pause ahead of a deploy is legitimate, so an unused queue is only
+    worth a warning (a typo would hold nothing)."""
+    return None if queue == EVERY_QUEUE else await store.queue_use(queue, QUEUE_USE_ROWS)
+
+
+async def resume_queue(
+    store: Store, queue: str, job_type: str, *, actor: str, reason: str | None
+) -> Pause | None:
+    """Lift the pause of exactly `queue` and `job_type`, with its audit row, and wake idle
+    relays: what `relayd resume` and the console run. The pause lifted, or None if there was
+    none."""
+    return await store.resume(queue, job_type, actor, reason)
+
+
 @operator_command("pause")
 def pause_command(args: argparse.Namespace) -> int:
     """`relayd pause [--queue Q] [--type T] --reason TEXT`."""
@@ -81,14 +105,11 @@ def pause_command(args: argparse.Namespace) -> int:
 
     async def pause() -> tuple[bool, list[Pause], QueueUse | None]:
         async with command_store(settings) as store:
-            inserted = await store.pause(queue, job_type, reason, actor)
-            # Looked at once the pause is written: a pause ahead of a deploy is legitimate,
-            # so an unused queue is only worth a warning (a typo would hold nothing).
-            use = None if queue == EVERY_QUEUE else await store.queue_use(queue, QUEUE_USE_ROWS)
-            return inserted, await store.pauses(), use
+            inserted = await pause_queue(store, queue, job_type, reason=reason, actor=actor)
+            return inserted, await store.pauses(), await queue_use(store, queue)
 
     inserted, pauses, use = asyncio.run(pause())
-    warning = _unused_queue_warning(queue, job_type, use, settings.outbox.table)
+    warning = unused_queue_warning(queue, job_type, use, settings.outbox.table)
     if warning is not None:
         sys.stderr.write(f"relayd: warning: {warning}\n")
     if args.json:
@@ -124,7 +145,7 @@ def resume_command(args: argparse.Namespace) -> int:
 
     async def resume() -> tuple[Pause | None, list[Pause]]:
         async with command_store(settings) as store:
-            lifted = await store.resume(queue, job_type, actor, reason)
+            lifted = await resume_queue(store, queue, job_type, actor=actor, reason=reason)
             return lifted, await store.pauses()
 
     lifted, pauses = asyncio.run(resume())
@@ -168,9 +189,7 @@ def _not_paused_hint(queue: str, job_type: str, pauses: list[Pause]) -> str:
     return printable(f" ({holding.describe()} is paused: `{command}` lifts that)")
 
 
-def _unused_queue_warning(
-    queue: str, job_type: str, use: QueueUse | None, table: str
-) -> str | None:
+def unused_queue_warning(queue: str, job_type: str, use: QueueUse | None, table: str) -> str | None:
     if use is None or use.used:
         return None
     resume = f"relayd resume --queue {queue}"

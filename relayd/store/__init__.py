@@ -14,6 +14,7 @@ from relayd.store.connection import (
     load_queries,
     render,
 )
+from relayd.store.console import ConsoleQueries
 from relayd.store.cycle import CycleQueries
 from relayd.store.health import HealthQueries
 from relayd.store.keys import KeyQueries
@@ -39,6 +40,7 @@ __all__ = [
 
 class Store(
     CycleQueries,
+    ConsoleQueries,
     KeyQueries,
     PauseQueries,
     SchemaQueries,

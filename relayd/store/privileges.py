@@ -41,7 +41,7 @@ DEFAULT_GRANTEE: Mapping[Role, str] = {
 # The commands each role runs.
 COMMANDS: Mapping[Role, str] = {
     Role.RELAY: "relayd run",
-    Role.OPERATOR: "relayd status, dlq, held, pause, resume, keys and doctor",
+    Role.OPERATOR: "relayd status, dlq, held, pause, resume, keys, doctor and console",
     Role.MIGRATOR: "relayd migrate",
     Role.PRODUCER: "an application's appends (relayd.producer, every driver)",
 }
@@ -229,6 +229,10 @@ STATEMENTS: Mapping[str, Needs] = {
     "key_head": {Obj.OUTBOX: ("SELECT", "UPDATE")},  # FOR UPDATE
     "key_retry": _FENCED,
     "key_skip": _FENCED,
+    "console_dlq": _BY_QUEUE,  # `relayd console`'s own reads (the rest are the commands')
+    "console_in_order": _NOTHING,
+    "console_event": {**_BY_QUEUE, Obj.PARKED_KEYS: ("SELECT",)},
+    "console_audit": {Obj.AUDIT: ("SELECT",)},
     # `relayd check` and `relayd doctor`.
     "check_identity": _NOTHING,
     "check_privileges": _NOTHING,
@@ -355,6 +359,9 @@ TASKS: Mapping[Role, tuple[Task, ...]] = {
             ),
         ),
         Task("relayd doctor: the claim's plan", ("explain_claim",)),
+        Task(
+            "relayd console", ("console_in_order", "console_dlq", "console_event", "console_audit")
+        ),
     ),
     Role.MIGRATOR: (
         Task(

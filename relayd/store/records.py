@@ -304,3 +304,53 @@ class KeyOutcome:
         if self.action is KeyAction.SKIP and self.head_state is HeadState.PENDING:
             return HeadState.DEAD
         return self.head_state
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    """One outbox row, whatever its state, as an event's timeline shows it (`relayd
+    console`): its times, attempts, last error, key and envelope."""
+
+    event_id: str
+    created_at: datetime
+    available_at: datetime
+    published_at: datetime | None
+    dead_at: datetime | None
+    dead_reason: str | None
+    queue: str | None
+    type: str | None
+    attempts: int
+    last_error: str | None
+    last_attempt_at: datetime | None
+    redriven_at: datetime | None
+    discarded_at: datetime | None
+    discard_reason: str | None
+    leased: bool
+    ordering_key: str | None
+    ordering_seq: int | None
+    parks_its_key: bool
+    job: str
+    read_at: datetime  # the database's clock when it was read
+
+    @property
+    def state(self) -> str:
+        if self.published_at is not None:
+            return "published"
+        if self.dead_at is not None:
+            return "discarded" if self.discarded_at is not None else "dead"
+        if self.parks_its_key:
+            return "parked"
+        return "leased" if self.leased else "pending"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """One row of the audit trail (relayd_audit) as the console shows it."""
+
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    filters: dict[str, Any]
+    row_count: int
+    reason: str | None

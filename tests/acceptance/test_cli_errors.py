@@ -72,7 +72,7 @@ def test_migrate_with_a_wrong_database_name_exits_2_without_the_password(
             "",
             "RELAYD_BOGUS__X: not a setting (relayd reads RELAYD_CONFIG and "
             "RELAYD_<SECTION>__<KEY>, sections: database, outbox, sink, relay, retry, http, log, "
-            "cleanup, metrics)",
+            "cleanup, metrics, console)",
         ),
     ],
 )

@@ -8,6 +8,7 @@ each grant taken away."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -32,6 +33,7 @@ from tests.support import (
     relay_settings,
     rows_in_every_state,
     run_relayd,
+    start_relayd,
 )
 
 
@@ -252,6 +254,45 @@ async def test_the_operator_role_runs_every_operator_command(
         ("keys.skip", 1),
         ("keys.release", 1),
     ]
+
+
+async def test_the_operator_role_serves_the_console(
+    cli_env: dict[str, str], roles: Roles, emulator: RunningEmulator
+) -> None:
+    """Under exactly `relayd grants --role operator`, `relayd console` serves every page:
+    the overview, the dead letters (filtered), one dead letter, an event, the pauses and the
+    parked keys."""
+    admin = await asyncpg.connect(roles.database.dsn)
+    try:
+        ids = await rows_in_every_state(admin)
+        await park_key(admin, "order-9", 2)
+    finally:
+        await admin.close()
+    port = free_port()
+    env = roles.env(cli_env, Role.OPERATOR, emulator.url) | {
+        "RELAYD_CONSOLE__LISTEN": f"127.0.0.1:{port}"
+    }
+    process = await start_relayd("console", env=env)
+    assert process.stderr is not None
+    try:
+        async with asyncio.timeout(30):
+            line = (await process.stderr.readline()).decode()
+        assert "(read-only)" in line, line
+        async with aiohttp.ClientSession() as http:
+            for path in (
+                "/",
+                "/dead-letters?dead_reason=conflict&text=x",
+                f"/dead-letters/{ids['dead'][0]}",
+                f"/events/{ids['ready'][0]}",
+                "/pauses",
+                "/keys",
+            ):
+                async with http.get(f"http://127.0.0.1:{port}{path}") as response:
+                    assert response.status == 200, (path, await response.text())
+    finally:
+        process.terminate()
+        async with asyncio.timeout(30):
+            await process.wait()
 
 
 # Each kind's [sink] with every file it can read: credentials and a CA bundle.

@@ -3,8 +3,9 @@
 `make constraints` writes it from the versions installed in `.venv`, the ones `make test`
 ran with (`make venv` installs under the same constraints, so they stay the tested ones).
 Only relayd's runtime closure is pinned, with the extras the image installs (every
-destination's client and the OpenTelemetry exporter: `IMAGE_EXTRAS`) and no development
-tools, with the markers of the Python running this (the image's Python 3.11 on Linux).
+destination's client, the OpenTelemetry exporter and the console: `IMAGE_EXTRAS`) and no
+development tools, with the markers of the Python running this (the image's Python 3.11 on
+Linux).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ HEADER = (
 )
 
 
-# The extras the image installs with the wheel (the Dockerfile's `[nats,otel]`).
-IMAGE_EXTRAS = ("nats", "otel")
+# The extras the image installs with the wheel (the Dockerfile's `[console,nats,otel]`).
+IMAGE_EXTRAS = ("console", "nats", "otel")
 
 
 def runtime_pins(root: str = "relayd", extras: tuple[str, ...] = IMAGE_EXTRAS) -> dict[str, str]:

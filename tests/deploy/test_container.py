@@ -33,10 +33,11 @@ def test_runtime_dependencies_are_installed_under_the_pinned_constraints() -> No
     [install] = [d.arguments for d in final("RUN") if "pip install" in d.arguments]
     assert f"-c {IN_IMAGE}" in install
     assert ".whl" in install
-    # Every destination's client and the OpenTelemetry exporter (the pinned extras).
+    # Every destination's client, the OpenTelemetry exporter and the console (the pinned
+    # extras).
     assert f"[{','.join(pins.IMAGE_EXTRAS)}]" in install
     clients = {settings.extra for settings in kinds().values() if settings.extra is not None}
-    assert set(pins.IMAGE_EXTRAS) == clients | {"otel"}
+    assert set(pins.IMAGE_EXTRAS) == clients | {"otel", "console"}
 
 
 def test_base_image_python_is_the_one_the_constraints_were_made_with() -> None:

@@ -65,7 +65,16 @@ def test_each_files_statements_are_run_by_its_store_module() -> None:
     explains the claim)."""
     store = Path(relayd.store.__file__).parent
     files = sorted(path.stem for path in (store / "sql").glob("*.sql"))
-    assert files == ["cycle", "dead_letters", "health", "keys", "pauses", "sampling", "schema"]
+    assert files == [
+        "console",
+        "cycle",
+        "dead_letters",
+        "health",
+        "keys",
+        "pauses",
+        "sampling",
+        "schema",
+    ]
     for name in files:
         blocks = re.findall(r"^-- name: (\w+)", (store / "sql" / f"{name}.sql").read_text(), re.M)
         module = (store / f"{name}.py").read_text()
