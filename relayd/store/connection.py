@@ -14,7 +14,7 @@ import asyncpg
 
 from relayd.core.errors import ConfigError, DatabaseUnavailable, PrivilegeError, StatementError
 from relayd.core.rows import OutboxTable
-from relayd.store.privileges import explain_denial
+from relayd.store.denials import explain_denial
 
 if TYPE_CHECKING:
     from relayd.settings import Settings

@@ -11,8 +11,8 @@ from relayd.store.connection import _translated
 from relayd.store.dead_letters import DeadLetterQueries
 from relayd.store.records import AuditRecord, DeadLetterFilter, DeadLetterRow, EventRecord
 
-# How many of the latest actions on the outbox an event's audit history is looked for in.
-AUDIT_LOOKBACK = 10_000
+# The most actions on one event its history shows.
+AUDIT_MOST = 1_000
 
 
 class ConsoleQueries(DeadLetterQueries):
@@ -85,10 +85,11 @@ class ConsoleQueries(DeadLetterQueries):
         )
 
     async def console_audit(
-        self, event_id: str, *, lookback: int = AUDIT_LOOKBACK
+        self, event_id: str, *, most: int = AUDIT_MOST
     ) -> Sequence[AuditRecord]:
-        """The audit rows naming `event_id` among the latest `lookback` actions, oldest first."""
-        records = await self._fetch("console_audit", str(self.table), event_id, lookback)
+        """The audit rows naming `event_id` (the actions on it), oldest first, at most
+        `most`."""
+        records = await self._fetch("console_audit", str(self.table), event_id, most)
         return [
             AuditRecord(
                 id=r["id"],

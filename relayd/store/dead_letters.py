@@ -248,9 +248,10 @@ class DeadLetterQueries(SchemaQueries):
             audit.actor,
             audit.action,
             json.dumps(audit.filters),
-            ids if len(ids) <= most else None,
+            ids,
             len(ids),
             audit.reason,
+            most,
         )
         return new_id
 

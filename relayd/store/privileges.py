@@ -69,6 +69,8 @@ class Obj(enum.Enum):
     PAUSES = (Kind.TABLE, "relayd_pauses")
     AUDIT = (Kind.TABLE, "relayd_audit")
     AUDIT_ID_SEQ = (Kind.SEQUENCE, "relayd_audit_id_seq")  # relayd_audit.id is a bigserial
+    # Every row an action changed (migration 0012).
+    AUDIT_ROWS = (Kind.TABLE, "relayd_audit_rows")
     INSTANCES = (Kind.TABLE, "relayd_instances")
     # Ordered delivery (migration 0011): each key's last number, written by producers'
     # inserts (the numbering trigger runs as the inserting role); the parked keys, written
@@ -119,7 +121,7 @@ class Obj(enum.Enum):
 
 
 # Privileges in the order GRANT lists them.
-_ORDER = ("USAGE", "CREATE", "SELECT", "INSERT", "UPDATE", "DELETE", "EXECUTE")
+PRIVILEGE_ORDER = ("USAGE", "CREATE", "SELECT", "INSERT", "UPDATE", "DELETE", "EXECUTE")
 
 Needs = Mapping[Obj, tuple[str, ...]]
 _NOTHING: Needs = {}
@@ -206,9 +208,13 @@ STATEMENTS: Mapping[str, Needs] = {
     # the effective queue).
     "dlq_out_of_order": _BY_QUEUE,
     # RETURNING id reads the row; the bigserial's nextval() needs the sequence.
-    "audit_insert": {Obj.AUDIT: ("SELECT", "INSERT"), Obj.AUDIT_ID_SEQ: ("USAGE",)},
+    "audit_insert": {
+        Obj.AUDIT: ("SELECT", "INSERT"),
+        Obj.AUDIT_ID_SEQ: ("USAGE",),
+        Obj.AUDIT_ROWS: ("INSERT",),
+    },
     "audit_note": {Obj.AUDIT: ("INSERT",), Obj.AUDIT_ID_SEQ: ("USAGE",)},  # no RETURNING
-    "audit_extend": {Obj.AUDIT: ("SELECT", "UPDATE")},
+    "audit_extend": {Obj.AUDIT: ("SELECT", "UPDATE"), Obj.AUDIT_ROWS: ("INSERT",)},
     # INSERT ... ON CONFLICT DO UPDATE ... RETURNING.
     "pause_upsert": {Obj.PAUSES: ("SELECT", "INSERT", "UPDATE")},
     # INSERT ... ON CONFLICT DO NOTHING: the conflict's arbiter index is read.
@@ -232,7 +238,7 @@ STATEMENTS: Mapping[str, Needs] = {
     "console_dlq": _BY_QUEUE,  # `relayd console`'s own reads (the rest are the commands')
     "console_in_order": _NOTHING,
     "console_event": {**_BY_QUEUE, Obj.PARKED_KEYS: ("SELECT",)},
-    "console_audit": {Obj.AUDIT: ("SELECT",)},
+    "console_audit": {Obj.AUDIT: ("SELECT",), Obj.AUDIT_ROWS: ("SELECT",)},
     # `relayd check` and `relayd doctor`.
     "check_identity": _NOTHING,
     "check_privileges": _NOTHING,
@@ -418,7 +424,7 @@ def role_grants(role: Role, *, cleanup: bool) -> list[Grant]:
         wanted[Obj.SCHEMA] = {"USAGE"}
         why[Obj.SCHEMA] = ["every statement (the outbox and relayd's tables live in it)"]
     return [
-        Grant(obj, tuple(p for p in _ORDER if p in wanted[obj]), tuple(why[obj]))
+        Grant(obj, tuple(p for p in PRIVILEGE_ORDER if p in wanted[obj]), tuple(why[obj]))
         for obj in Obj
         if obj in wanted
     ]
@@ -541,57 +547,6 @@ def _database_grant(privileges: Sequence[str], to: str) -> str:
         f"DO $$ BEGIN EXECUTE format('GRANT {', '.join(privileges)} ON DATABASE %I TO {to}', "
         "current_database()); END $$;"
     )
-
-
-# --- permission errors ------------------------------------------------------------------
-
-# PostgreSQL's words for a missing privilege and a missing ownership (SQLSTATE 42501). In
-# another lc_messages they do not match, and the server's own message is shown as it is.
-_DENIED = re.compile(r'^permission denied for (\w+) "?([^"]+)"?$')
-_NOT_OWNER = re.compile(r'^must be owner of (\w+(?: \w+)?) "?([^"]+)"?$')
-
-
-def explain_denial(statement: str, message: str) -> str:
-    """PostgreSQL's refusal of `statement` for a missing privilege (SQLSTATE 42501), in one
-    line: the privileges the statement needs on the object PostgreSQL names."""
-    denied = _DENIED.match(message)
-    if denied:
-        kind, name = denied.groups()
-        needed = _needed(statement, kind, name)
-        if needed:
-            return f"permission denied: needs {_words(needed)} on {kind} {name}"
-    not_owner = _NOT_OWNER.match(message)
-    if not_owner:
-        kind, name = not_owner.groups()
-        return f"permission denied: only the owner of {kind} {name} may run it"
-    return f"{message} (SQLSTATE 42501)"
-
-
-def _needed(statement: str, kind: str, name: str) -> tuple[str, ...]:
-    """What `statement` needs on the object PostgreSQL named: from its own needs if they
-    name the object, else from every statement's (a method may run several statements
-    under one name)."""
-    if kind == Kind.SCHEMA:
-        return ("USAGE",)
-    objects = [
-        obj for obj in Obj if obj.kind == kind and (obj.value[1] == name or kind == Kind.DATABASE)
-    ]
-    if not objects and kind == Kind.TABLE:
-        objects = [Obj.OUTBOX]  # any other table relayd reads is the outbox
-    if not objects:
-        return ()
-    [obj] = objects
-    own = STATEMENTS.get(statement, {}).get(obj)
-    if own:
-        return own
-    found = {p for needs in STATEMENTS.values() for p in needs.get(obj, ())}
-    return tuple(p for p in _ORDER if p in found)
-
-
-def _words(privileges: Sequence[str]) -> str:
-    if len(privileges) == 1:
-        return privileges[0]
-    return f"{', '.join(privileges[:-1])} and {privileges[-1]}"
 
 
 def hint(role: Role) -> str:

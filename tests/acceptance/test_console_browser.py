@@ -247,6 +247,14 @@ async def test_sign_in_filter_dry_run_retry_all_matched_and_see_them_published( 
     )
     assert [(a["actor"], a["action"]) for a in audit] == [("alice", "dlq.retry")]
     assert sorted(audit[0]["ids"]) == sorted(rows["rejected"])
+    # One audit row per row retried (relayd_audit_rows), each naming alice's action.
+    named = await conn.fetch(
+        "SELECT r.event_id::text AS id, a.actor FROM relayd.relayd_audit_rows AS r "
+        "JOIN relayd.relayd_audit AS a ON a.id = r.audit_id ORDER BY 1"
+    )
+    assert [(r["id"], r["actor"]) for r in named] == [
+        (i, "alice") for i in sorted(rows["rejected"])
+    ]
     for name in ("overview", "dead-letters", "retry-dry-run", "retry-done", "dead-letter"):
         assert (shots / f"{name}.png").read_bytes().startswith(b"\x89PNG"), name
 

@@ -134,7 +134,7 @@ async def test_operator_commands_name_the_missing_privilege(  # noqa: PLR0913 - 
     assert said in line, line
     assert line.endswith(
         "`relayd grants --role operator` prints the grants for relayd status, "
-        "dlq, held, pause, resume, keys and doctor"
+        "dlq, held, pause, resume, keys, doctor and console"
     ), line
 
 

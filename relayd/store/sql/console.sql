@@ -68,16 +68,13 @@ FROM @outbox@ AS o
 WHERE o.event_id = $1::uuid;
 
 -- name: console_audit
--- The audit rows naming an event, among the latest $3 actions on this outbox (the primary
--- key read backwards): bounded, however long the trail. A bulk action past the ids it keeps
--- names no event, only its count.
--- params: $1 outbox table text, $2 event id uuid, $3 latest actions read int
-SELECT recent.id, recent.at, recent.actor, recent.action, recent.filters::text AS filters,
-       recent.row_count, recent.reason
-FROM (SELECT id, at, actor, action, filters, row_count, reason, event_ids
-      FROM @schema@.relayd_audit
-      WHERE outbox_table = $1
-      ORDER BY id DESC
-      LIMIT $3) AS recent
-WHERE recent.event_ids @> ARRAY[$2::uuid]
-ORDER BY recent.id;
+-- The audit rows naming an event, oldest first: an index range of relayd_audit_rows (every
+-- row of every action since migration 0012, and the ids the trail listed before it), at
+-- most $3.
+-- params: $1 outbox table text, $2 event id uuid, $3 most rows int
+SELECT a.id, a.at, a.actor, a.action, a.filters::text AS filters, a.row_count, a.reason
+FROM @schema@.relayd_audit_rows AS r
+JOIN @schema@.relayd_audit AS a ON a.id = r.audit_id
+WHERE r.event_id = $2::uuid AND a.outbox_table = $1
+ORDER BY a.id
+LIMIT $3;

@@ -228,19 +228,36 @@ FROM target AS t
 LEFT JOIN discarded AS d ON d.event_id = t.event_id;
 
 -- name: audit_insert
--- One row per mutating operator action, written in the transaction of its first change.
+-- One row per mutating operator action, written in the transaction of its first change,
+-- with one row per row it changed (relayd_audit_rows, every id; relayd_audit lists at most
+-- $8 of them).
 -- params: $1 outbox table text, $2 actor text, $3 action text, $4 filters jsonb (as text),
---         $5 event ids uuid[]|null, $6 row count int, $7 reason text|null
-INSERT INTO @schema@.relayd_audit (outbox_table, actor, action, filters, event_ids, row_count,
-                                   reason)
-VALUES ($1, $2, $3, $4::jsonb, $5::uuid[], $6, $7)
-RETURNING id;
+--         $5 event ids uuid[], $6 row count int, $7 reason text|null, $8 most ids listed int
+WITH action AS (
+    INSERT INTO @schema@.relayd_audit (outbox_table, actor, action, filters, event_ids,
+                                       row_count, reason)
+    VALUES ($1, $2, $3, $4::jsonb,
+            CASE WHEN cardinality($5::uuid[]) <= $8 THEN $5::uuid[] END, $6, $7)
+    RETURNING id
+), named AS (
+    INSERT INTO @schema@.relayd_audit_rows (event_id, audit_id)
+    SELECT DISTINCT listed.event_id, action.id
+    FROM action CROSS JOIN unnest($5::uuid[]) AS listed (event_id)
+)
+SELECT id FROM action;
 
 -- name: audit_extend
 -- A later batch of the same action adds its rows to the action's audit row, in the batch's
--- own transaction: the audit row always counts exactly what was committed. The ids are kept
--- while they number at most $4; past that, only the count.
+-- own transaction: the audit row always counts exactly what was committed, and each row is
+-- named in relayd_audit_rows. The audit row's list keeps the ids while they number at most
+-- $4; past that, only the count.
 -- params: $1 audit id bigint, $2 row count int, $3 event ids uuid[], $4 most ids kept int
+WITH named AS (
+    INSERT INTO @schema@.relayd_audit_rows (event_id, audit_id)
+    SELECT DISTINCT listed.event_id, $1::bigint
+    FROM unnest($3::uuid[]) AS listed (event_id)
+    ON CONFLICT DO NOTHING
+)
 UPDATE @schema@.relayd_audit
 SET row_count = row_count + $2,
     event_ids = CASE

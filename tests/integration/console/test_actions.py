@@ -24,7 +24,7 @@ def _basic(user: str, password: str) -> dict[str, str]:
 
 async def _audit(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     return await conn.fetch(
-        "SELECT actor, action, row_count, reason, event_ids::text[] AS ids, filters "
+        "SELECT id, actor, action, row_count, reason, event_ids::text[] AS ids, filters "
         "FROM relayd.relayd_audit ORDER BY id"
     )
 
@@ -174,13 +174,12 @@ async def test_retry_everything_a_filter_matches_dry_run_first_then_published_an
         )
         == 4
     )
-    for event_id in matched:
-        assert (
-            await conn.fetchval(
-                "SELECT count(*) FROM relayd.relayd_audit WHERE $1::uuid = ANY(event_ids)", event_id
-            )
-            == 1
-        )
+    # One audit row per row retried, each naming the action's row.
+    named = await conn.fetch(
+        "SELECT event_id::text AS id, audit_id FROM relayd.relayd_audit_rows ORDER BY 1"
+    )
+    assert [r["id"] for r in named] == sorted(matched)
+    assert {r["audit_id"] for r in named} == {audit["id"]}
 
 
 async def test_a_discard_needs_a_reason_and_is_audited_by_id(

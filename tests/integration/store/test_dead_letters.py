@@ -256,7 +256,8 @@ async def test_bulk_actions_run_in_bounded_batches_of_their_own_transactions(
     conn: asyncpg.Connection, store: Store
 ) -> None:
     """1,200 dead rows with a batch of 500: three transactions of at most 500 rows each,
-    every row redriven once, one audit row counting 1,200 (too many to list)."""
+    every row redriven once, one audit row counting 1,200 (too many to list there) and one
+    row of relayd_audit_rows per row redriven, each naming that audit row."""
     ids = await produce(conn, 1200)
     # Dead-letter times spread out and tied in pairs: the keyset cursor orders by
     # (dead_at, event_id), so ties are walked without a row missed or met twice.
@@ -295,6 +296,11 @@ async def test_bulk_actions_run_in_bounded_batches_of_their_own_transactions(
     assert await conn.fetchval("SELECT count(*) FROM relayd.outbox WHERE dead_at IS NULL") == 1200
     [audit] = await _audit(conn)
     assert (audit["action"], audit["row_count"], audit["event_ids"]) == ("dlq.retry", 1200, None)
+    named = await conn.fetch("SELECT event_id::text, audit_id FROM relayd.relayd_audit_rows")
+    assert sorted(r["event_id"] for r in named) == sorted(ids)
+    assert {r["audit_id"] for r in named} == {
+        await conn.fetchval("SELECT id FROM relayd.relayd_audit")
+    }
 
 
 async def test_a_filtered_walk_reads_the_index_in_bounded_windows(

@@ -85,6 +85,7 @@ async def test_concurrent_migrate_processes_serialise(
         assert sorted(r[0] for r in tables) == [
             "outbox",
             "relayd_audit",
+            "relayd_audit_rows",
             "relayd_instances",
             "relayd_key_seqs",
             "relayd_migrations",
@@ -526,3 +527,27 @@ async def _check_calls(conn: asyncpg.Connection) -> int:
         "SELECT pg_stat_get_xact_function_calls('relayd.relayd_check_row'::regproc)"
     )
     return int(calls or 0)
+
+
+async def test_0012_names_each_row_the_audit_trail_listed(empty_database: Database) -> None:
+    """An outbox migrated up to 0011 with two audited actions, one listing its rows and a
+    bulk one listing none: 0012 names each listed row in relayd_audit_rows (the bulk one's
+    rows were never recorded, so none); running its SQL again adds nothing."""
+    async with _just_before(empty_database, "audit_rows") as (migrations, step, conn, store):
+        first, second = str(uuid7()), str(uuid7())
+        listed = await conn.fetchval(
+            "INSERT INTO relayd.relayd_audit (outbox_table, actor, action, event_ids, row_count) "
+            "VALUES ('relayd.outbox', 'alice', 'dlq.retry', $1::uuid[], 2) RETURNING id",
+            [first, second],
+        )
+        await conn.execute(
+            "INSERT INTO relayd.relayd_audit (outbox_table, actor, action, row_count) "
+            "VALUES ('relayd.outbox', 'bob', 'dlq.discard', 500)"
+        )
+        report = await migrate(store, migrations[: step.version])
+        assert [m.version for m in report.applied] == [step.version]
+        query = "SELECT event_id::text, audit_id FROM relayd.relayd_audit_rows ORDER BY 1"
+        named = [tuple(r) for r in await conn.fetch(query)]
+        assert named == sorted([(first, listed), (second, listed)])
+        await conn.execute(step.sql(DEFAULT_TABLE))  # again, outside the ledger
+        assert [tuple(r) for r in await conn.fetch(query)] == named

@@ -11,12 +11,12 @@ import pytest
 
 from relayd.config.sections import CleanupSettings, OutboxSettings
 from relayd.core.rows import OutboxTable
+from relayd.store.denials import explain_denial
 from relayd.store.privileges import (
     DEFAULT_GRANTEE,
     STATEMENTS,
     Obj,
     Role,
-    explain_denial,
     grant_script,
     role_grants,
     role_privileges,
