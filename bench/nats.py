@@ -241,7 +241,8 @@ async def run(bench: Bench) -> Result:
         )
     summary.append(
         f"relayd cpu per row vs the client's own: {ratio(relay_us, client_us):.2f}x "
-        f"({relay_us:.0f} vs {client_us:.0f} us)"
+        f"({relay_us:.0f} vs {client_us:.0f} us); its rate: "
+        f"{ratio(relayd.rate, client.rate):.2f}x the client pipeline's"
     )
     for rate, f in lags.items():
         summary.append(
@@ -269,6 +270,7 @@ async def run(bench: Bench) -> Result:
         headline={
             "relayd_vs_loop": ratio(relayd.rate, loop.rate),
             "relay_cpu_vs_client": ratio(relay_us, client_us),
+            "relayd_vs_client_pipeline": ratio(relayd.rate, client.rate),
             f"p99_ms_at_{high}": lags[high]["p99_ms"],
             f"p99_{high}_vs_{low}": ratio(lags[high]["p99_ms"], lags[low]["p99_ms"]),
             f"relayd_p99_ms_at_{high}": lags[high]["relayd_p99_ms"],

@@ -248,6 +248,13 @@ class TokenFile:
         # The look under way, if any: never more than one thread reads the file.
         self._look: asyncio.Future[_Look] | None = None
 
+    def fresh(self) -> str | None:
+        """The token `current()` would return without waiting, or None when it would wait
+        for a look: what a caller asks first, to await nothing in the usual case."""
+        if self._clock() - self._seen_at < self._interval_s:
+            return self._token
+        return None
+
     async def current(self) -> str:
         """The token to send now: the one in use, unless the last finished look began
         `interval_s` ago or more; then after a look (begun now, or under way)."""

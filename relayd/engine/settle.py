@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ParamSpec
@@ -316,21 +317,25 @@ class Settler:
         metrics = self._metrics
         lag = metrics.commit_to_publish
         reconciled = 0
+        # Asked once per settle: at the usual levels no row's debug line is built at all.
+        debug = self._log.is_enabled_for(logging.DEBUG)
         for published in rows:
             row, answer = published.row, published.answer
             if row.event_id not in updated:
                 continue
             lag.observe(max(row.age_s + since_claim_s, 0.0))
             reconciled += answer.reconciled
-            settled = Settled.RECONCILED if answer.reconciled else Settled.PUBLISHED
             # A lost answer found again, or a unique policy's choice, is worth an info line.
-            (self._log.info if answer.reconciled or answer.sink_job_id else self._log.debug)(
-                settled.event,
-                event_id=row.event_id,
-                attempt=row.attempts,
-                sink_state=answer.sink_state,
-                sink_job_id=answer.sink_job_id,
-            )
+            noted = answer.reconciled or answer.sink_job_id
+            if noted or debug:
+                settled = Settled.RECONCILED if answer.reconciled else Settled.PUBLISHED
+                (self._log.info if noted else self._log.debug)(
+                    settled.event,
+                    event_id=row.event_id,
+                    attempt=row.attempts,
+                    sink_state=answer.sink_state,
+                    sink_job_id=answer.sink_job_id,
+                )
         metrics.settled[Settled.RECONCILED].inc(reconciled)
         metrics.settled[Settled.PUBLISHED].inc(len(updated) - reconciled)
 

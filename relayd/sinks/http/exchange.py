@@ -95,7 +95,11 @@ async def exchange(  # noqa: PLR0913 - a request's parts, then how to treat its 
             method, url, data=body, headers=headers, allow_redirects=False
         ) as response:
             done = True
-            content = await read_bounded(response.content, limit_bytes)
+            # The usual answer arrives whole: one read, no coroutine of read_bounded's own.
+            stream = response.content
+            content = await stream.read(limit_bytes + 1)
+            if content and len(content) <= limit_bytes and not stream.at_eof():
+                content += await read_bounded(stream, limit_bytes - len(content))
             code = str(response.status)
             if answered is not None:
                 content = await answered(response.status, content)

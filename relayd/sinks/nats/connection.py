@@ -25,6 +25,7 @@ from structlog.typing import FilteringBoundLogger
 from relayd.core import __version__
 from relayd.core.outcomes import SinkDown
 from relayd.sinks import ExchangeObserver, endpoint
+from relayd.sinks.nats import wire
 from relayd.sinks.nats.answers import (
     InboxRefused,
     PublishRefused,
@@ -92,8 +93,8 @@ class ReplyInbox:
         future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
         self._waiting[token] = (future, subject)
         try:
-            await self._client.publish(
-                subject, body, reply=f"{self._prefix}.{token}", headers=headers
+            await wire.publish(
+                self._client, subject, body, reply=f"{self._prefix}.{token}", headers=headers
             )
         except BaseException:
             del self._waiting[token]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -85,7 +85,14 @@ class _Signer:
         self._keys = parse_secrets(secret.text)
 
     async def keys(self) -> SigningKeys:
-        text = await self.file.current()
+        return self._parsed(await self.file.current())
+
+    def fresh_keys(self) -> SigningKeys | None:
+        """The keys to sign with now, or None when the file is due a look (`keys()`)."""
+        text = self.file.fresh()
+        return None if text is None else self._parsed(text)
+
+    def _parsed(self, text: str) -> SigningKeys:
         if text != self._text:
             self._text, self._keys = text, parse_secrets(text)
         return self._keys
@@ -151,21 +158,28 @@ class WebhookSink:
     ) -> list[list[ClaimedRow]]:
         return [[row] for row in rows]
 
-    async def publish(
+    def publish(
         self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope], *, window: SendWindow
-    ) -> dict[str, Outcome]:
+    ) -> Coroutine[None, None, dict[str, Outcome]]:
         if len(rows) == 1:  # what the relay asks of a sink that does not batch
+            # The delivery itself, for the relay to await: no coroutine of publish's own
+            # between each request's every resumption and the relay's.
             row = rows[0]
-            return {row.event_id: await self._deliver(row, envelopes[row.event_id], window)}
+            return self._deliver(row, envelopes[row.event_id], window)
+        return self._deliver_each(rows, envelopes, window)
+
+    async def _deliver_each(
+        self, rows: Sequence[ClaimedRow], envelopes: Mapping[str, Envelope], window: SendWindow
+    ) -> dict[str, Outcome]:
         results = await asyncio.gather(
             *(self._deliver(row, envelopes[row.event_id], window) for row in rows),
             return_exceptions=True,
         )
         outcomes: dict[str, Outcome] = {}
-        for row, result in zip(rows, results, strict=True):
+        for result in results:
             if isinstance(result, BaseException):
                 raise result
-            outcomes[row.event_id] = result
+            outcomes.update(result)
         return outcomes
 
     async def check(self) -> tuple[bool, str]:
@@ -187,11 +201,17 @@ class WebhookSink:
 
     # --- one row ---
 
-    async def _deliver(self, row: ClaimedRow, envelope: Envelope, window: SendWindow) -> Outcome:
+    async def _deliver(
+        self, row: ClaimedRow, envelope: Envelope, window: SendWindow
+    ) -> dict[str, Outcome]:
+        """The row's outcome, by its id."""
+        event_id = row.event_id
         delivery = delivery_for(envelope, url=self._settings.url, routes=self._routes)
         if isinstance(delivery, DeadLetter):
-            return delivery  # decided here, nothing sent: nothing to tell the breaker
-        endpoint = self._endpoints.setdefault(delivery.url, _Endpoint())
+            return {event_id: delivery}  # decided here, nothing sent: nothing to tell the breaker
+        endpoint = self._endpoints.get(delivery.url)
+        if endpoint is None:
+            endpoint = self._endpoints[delivery.url] = _Endpoint()
         loop = asyncio.get_running_loop()
         if _claimed_before(window, endpoint.gone_at):
             # Claimed before the endpoint's 410: the pause that answer asked for holds the
@@ -199,14 +219,20 @@ class WebhookSink:
             # not stored yet) lets a claim return it, and no timer of this process may
             # outlast an operator's resume.
             shown = self._settings.shown(delivery.url)
-            return Held(f"not sent: {shown} answered 410 Gone", retry_after_s=GONE_HOLD_S)
+            return {
+                event_id: Held(f"not sent: {shown} answered 410 Gone", retry_after_s=GONE_HOLD_S)
+            }
         quiet_s = endpoint.quiet_until - loop.time()
         if quiet_s > 0:
-            return Held("not sent: the endpoint asked to slow down", retry_after_s=quiet_s)
+            return {
+                event_id: Held("not sent: the endpoint asked to slow down", retry_after_s=quiet_s)
+            }
         signer = self._signers[delivery.url]
-        keys = await signer.keys()
+        keys = signer.fresh_keys()  # the usual case: no look due, nothing to await
+        if keys is None:
+            keys = await signer.keys()
         if window.closed():
-            return NotStarted()
+            return {event_id: NotStarted()}
         timestamp_s = int(self._clock())
         headers = dict(delivery.headers)
         headers[HEADER_TIMESTAMP] = str(timestamp_s)
@@ -215,11 +241,12 @@ class WebhookSink:
         )
         answer = await self._exchange("POST", delivery.url, delivery.body, headers)
         if isinstance(answer, SinkDown):
-            return report(self._health, answer)
+            return {event_id: report(self._health, answer)}
         if answer.status in _REFUSED_SIGNATURE:
             await signer.file.refresh()  # the operator may have rotated the secret
         classified = classify(answer, signed_with=signer.key)
-        return report(self._health, self._answered(endpoint, delivery, classified, loop.time()))
+        outcome = self._answered(endpoint, delivery, classified, loop.time())
+        return {event_id: report(self._health, outcome)}
 
     def _answered(
         self,
@@ -258,12 +285,13 @@ class WebhookSink:
 
     # --- transport ---
 
-    async def _exchange(
+    def _exchange(
         self, method: str, url: str, body: bytes | None, headers: dict[str, str]
-    ) -> Response | SinkDown:
+    ) -> Coroutine[None, None, Response | SinkDown]:
+        """One exchange, for the caller to await (no coroutine of its own per request)."""
         if self._session is None:
             raise RuntimeError("WebhookSink.start() was not called")
-        return await exchange(
+        return exchange(
             self._session,
             method,
             url,

@@ -73,6 +73,23 @@ async def test_the_file_is_looked_at_once_per_interval(tmp_path: Path) -> None:
     assert not _leaks(logs)
 
 
+async def test_fresh_answers_without_waiting_only_while_no_look_is_due(tmp_path: Path) -> None:
+    """`fresh()` gives what `current()` would give without waiting, and nothing once a look
+    is due: a caller that takes it never sends a token older than the interval."""
+    path = tmp_path / "token"
+    path.write_text(OLD + "\n")
+    clock = _Clock()
+    token = TokenFile(path, OLD, clock=clock)
+    assert token.fresh() is None  # never looked at: the file may have changed since load
+    assert await token.current() == OLD
+    assert token.fresh() == OLD
+    rotate(path, NEW + "\n")
+    clock.now += 1.0
+    assert token.fresh() is None
+    assert await token.current() == NEW
+    assert token.fresh() == NEW
+
+
 async def test_requests_beside_a_due_look_wait_for_it(tmp_path: Path) -> None:
     """After an idle spell, the requests that start together all wait for the one look the
     first of them began: none goes on with the old token (the rotation bound)."""
