@@ -41,7 +41,16 @@ from bench.harness import (
     start_relays,
     wait_drained,
 )
-from bench.latency import STAGES, Receipts, Samples, add_bench_columns, window_samples
+from bench.latency import (
+    STAGES,
+    TIMINGS,
+    Receipts,
+    Samples,
+    add_bench_columns,
+    mean_ms,
+    relay_timings,
+    window_samples,
+)
 from bench.latency import collecting_receipts as receipts_of
 from bench.measure import (
     BenchError,
@@ -65,7 +74,7 @@ SIZES: dict[str, dict[str, float]] = {
     "full": {"trial_s": 10, "steps": 4, "rounds": 3, "samples": 50_000, "min_window_s": 10},
     "quick": {"trial_s": 3, "steps": 2, "rounds": 2, "samples": 3_000, "min_window_s": 3},
 }
-START_ROWS_PER_S = 1_000
+START_ROWS_PER_S = 500
 BISECTIONS = 3
 AGE_LIMIT_S = 0.5
 DRAIN_LIMIT_S = 1.0
@@ -197,13 +206,15 @@ async def saturation(run: Run, trial_s: int, steps: int) -> tuple[float, list[fl
 
 @dataclass
 class Window:
-    """One window of one point: pgbench's load, the rows' samples, and the CPU seconds of
-    the machine, relayd, the emulator, PostgreSQL and pgbench while the load ran."""
+    """One window of one point: pgbench's load, the rows' samples, the CPU seconds of the
+    machine, relayd, the emulator, PostgreSQL and pgbench while the load ran, and relayd's
+    mean claim statement and request (its /metrics)."""
 
     load: Load
     samples: Samples
     seconds: float
     cpu_s: dict[str, float]
+    relay_ms: dict[str, float]  # relayd's own mean timings (latency.TIMINGS)
 
 
 def _cpu_reading(run: Run) -> dict[str, float]:
@@ -220,9 +231,13 @@ def _cpu_reading(run: Run) -> dict[str, float]:
 async def window(run: Run, rows_per_s: float, seconds: int, rows_per_commit: int) -> Window:
     """Produce at `rows_per_s` for `seconds`, let the outbox drain, read the rows' samples."""
     number = run.next_window()
+    ports = [relay.metrics_port for relay in run.relays.members]
+    timed = await relay_timings(run.receipts.http, ports)
     before = _cpu_reading(run)
     load = await run.producers.produce(rows_per_s, seconds, number, rows_per_commit, WARMUP_S)
     after = _cpu_reading(run)
+    timed_after = await relay_timings(run.receipts.http, ports)
+    timings = {name: mean_ms(timed, timed_after, name) for name in TIMINGS}
     await wait_drained(run.conn, run.relays, drain_timeout_s(load.rows))
     await run.receipts.take()
     samples = await window_samples(
@@ -230,7 +245,7 @@ async def window(run: Run, rows_per_s: float, seconds: int, rows_per_commit: int
     )
     run.receipts.clear()
     cpu = {k: after[k] - before[k] for k in before if k != "at"}
-    return Window(load, samples, after["at"] - before["at"], cpu)
+    return Window(load, samples, after["at"] - before["at"], cpu, timings)
 
 
 @dataclass(frozen=True)
@@ -274,6 +289,10 @@ def point_figures(point: Point, rows_per_s: float, windows: list[Window]) -> dic
         "window_s": round(windows[0].load.seconds),
         **samples.figures(),
         "p99_ms_by_round": [round(percentile(w.samples.latency_ms, 99), 2) for w in windows],
+        **{
+            f"relayd_{name}_mean_ms": round(median([w.relay_ms[name] for w in windows]), 2)
+            for name in TIMINGS
+        },
         "relay_cpu_us_per_row": round(cpu["relayd"] / rows * 1e6, 1) if rows else math.nan,
         "cores": {k: round(v / seconds, 3) for k, v in cpu.items()},
         "void": void,
@@ -374,7 +393,11 @@ def summary_lines(figures: dict[str, Any], durable: bool) -> list[str]:
     for p in points:
         f = figures[p.key]
         parts = "  ".join(f"{f[s + '_p50_ms']:.1f}/{f[s + '_p99_ms']:.1f}" for s in STAGES)
-        lines.append(f"  {p.key}: {parts}")
+        relayd = (
+            f"; relayd's means: claim statement {f['relayd_claim_statement_mean_ms']:.1f}, "
+            f"request {f['relayd_request_mean_ms']:.1f}"
+        )
+        lines.append(f"  {p.key}: {parts}{relayd}")
     for p in points:
         f, c = figures[p.key], figures[p.key]["cores"]
         lines.append(

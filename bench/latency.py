@@ -134,6 +134,36 @@ def _ms(value: float) -> float:
     return round(value, 2)
 
 
+# relayd's own timings (its /metrics), as sums and counts: (family, label filter).
+TIMINGS = {
+    "claim_statement": ("relayd_claim_duration_seconds", ""),
+    "request": ("relayd_publish_duration_seconds", 'outcome="published"'),
+}
+
+
+async def relay_timings(http: aiohttp.ClientSession, ports: Sequence[int]) -> dict[str, float]:
+    """The sum (s) and count of each of TIMINGS so far, over the relays on `ports`:
+    `<name>_s` and `<name>_n`."""
+    totals = {f"{name}_{part}": 0.0 for name in TIMINGS for part in ("s", "n")}
+    for port in ports:
+        async with http.get(f"http://127.0.0.1:{port}/metrics") as answer:
+            text = await answer.text()
+        for line in text.splitlines():
+            for name, (family, labels) in TIMINGS.items():
+                for suffix, part in (("_sum", "s"), ("_count", "n")):
+                    if line.startswith(family + suffix) and labels in line:
+                        totals[f"{name}_{part}"] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def mean_ms(before: dict[str, float], after: dict[str, float], name: str) -> float:
+    """The mean of one of TIMINGS between two readings, in ms."""
+    count = after[f"{name}_n"] - before[f"{name}_n"]
+    if count <= 0:
+        return math.nan
+    return round((after[f"{name}_s"] - before[f"{name}_s"]) / count * 1000, 2)
+
+
 async def window_samples(
     conn: asyncpg.Connection,
     table: OutboxTable,
