@@ -285,6 +285,7 @@ def point_figures(point: Point, rows_per_s: float, windows: list[Window]) -> dic
         "target_rows_per_s": round(rows_per_s, 1),
         "achieved_rows_per_s": round(sum(w.load.rows for w in windows) / seconds, 1),
         "schedule_lag_p99_ms": round(percentile(lags, 99), 2),
+        "pgbench_priority": sorted({w.load.priority for w in windows}),
         "windows": len(windows),
         "window_s": round(windows[0].load.seconds),
         **samples.figures(),
