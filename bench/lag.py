@@ -8,8 +8,9 @@ never slows the load down (a closed loop would wait for it, and hide its own que
 1. `R_sat`, the saturation rate: the highest rate that holds for a trial window, meaning
    pgbench achieved its rate (`void_reasons`), the oldest claimable row never got older than
    AGE_LIMIT_S past the window's first second, and the outbox drained within DRAIN_LIMIT_S
-   of the load's end. Rates double from START_ROWS_PER_S to the first that fails; then
-   three bisections (geometric) of that bracket, the median of their results.
+   of the load's end. Rates double from START_ROWS_PER_S to the first that fails (or halve
+   to the first that holds); then three bisections (geometric) of that bracket, the median
+   of their results.
 2. The points: 0.1, 0.5 and 0.75 x `R_sat` with one-row transactions, and 0.5 x with
    ten-row transactions (the variant), each in every round, their order turning round by
    round, so that a change in the machine's load meets every point. A point's windows are
@@ -75,6 +76,7 @@ SIZES: dict[str, dict[str, float]] = {
     "quick": {"trial_s": 3, "steps": 2, "rounds": 2, "samples": 3_000, "min_window_s": 3},
 }
 START_ROWS_PER_S = 500
+MIN_ROWS_PER_S = 50
 BISECTIONS = 3
 AGE_LIMIT_S = 0.5
 DRAIN_LIMIT_S = 1.0
@@ -179,16 +181,27 @@ async def trial(run: Run, rows_per_s: float, seconds: int) -> bool:
     return not reasons
 
 
+async def _bracket(run: Run, trial_s: int) -> tuple[float, float]:
+    """A rate that holds and its double, which does not: doubling from START_ROWS_PER_S, or
+    halving from it if it fails (a slow disk, a busy machine), down to MIN_ROWS_PER_S."""
+    rate = float(START_ROWS_PER_S)
+    if await trial(run, rate, trial_s):
+        while await trial(run, rate * 2, trial_s):
+            rate *= 2
+            if rate > 1_000_000:
+                raise BenchError("relayd kept up with 1,000,000 rows/s: the trials are broken")
+        return rate, rate * 2
+    while rate / 2 >= MIN_ROWS_PER_S:
+        rate /= 2
+        if await trial(run, rate, trial_s):
+            return rate, rate * 2
+    why = "; ".join(run.trials[-1]["why_not"])
+    raise BenchError(f"relayd did not keep up with {rate:,.0f} rows/s: {why}")
+
+
 async def saturation(run: Run, trial_s: int, steps: int) -> tuple[float, list[float]]:
     """R_sat (module docstring, step 1) and the result of each bisection."""
-    low, high = 0.0, float(START_ROWS_PER_S)
-    while await trial(run, high, trial_s):
-        low, high = high, high * 2
-        if high > 1_000_000:
-            raise BenchError("relayd kept up with 1,000,000 rows/s: the trials are broken")
-    if low == 0:
-        why = "; ".join(run.trials[-1]["why_not"])
-        raise BenchError(f"relayd did not keep up with {START_ROWS_PER_S:,} rows/s: {why}")
+    low, high = await _bracket(run, trial_s)
     found = []
     for _ in range(BISECTIONS):
         ok, bad = low, high
