@@ -44,12 +44,11 @@ from bench.harness import (
 )
 from bench.latency import (
     STAGES,
-    TIMINGS,
     Receipts,
     Samples,
     add_bench_columns,
-    mean_ms,
-    relay_timings,
+    relay_figures,
+    relay_metrics,
     window_samples,
 )
 from bench.latency import collecting_receipts as receipts_of
@@ -222,13 +221,13 @@ async def saturation(run: Run, trial_s: int, steps: int) -> tuple[float, list[fl
 class Window:
     """One window of one point: pgbench's load, the rows' samples, the CPU seconds of the
     machine, relayd, the emulator, PostgreSQL and pgbench while the load ran, and relayd's
-    mean claim statement and request (its /metrics)."""
+    mean claim statement and request and its rows per claim (its /metrics)."""
 
     load: Load
     samples: Samples
     seconds: float
     cpu_s: dict[str, float]
-    relay_ms: dict[str, float]  # relayd's own mean timings (latency.TIMINGS)
+    relay: dict[str, float]  # from relayd's /metrics (latency.relay_figures)
 
 
 def _cpu_reading(run: Run) -> dict[str, float]:
@@ -246,12 +245,11 @@ async def window(run: Run, rows_per_s: float, seconds: int, rows_per_commit: int
     """Produce at `rows_per_s` for `seconds`, let the outbox drain, read the rows' samples."""
     number = run.next_window()
     ports = [relay.metrics_port for relay in run.relays.members]
-    timed = await relay_timings(run.receipts.http, ports)
+    metrics = await relay_metrics(run.receipts.http, ports)
     before = _cpu_reading(run)
     load = await run.producers.produce(rows_per_s, seconds, number, rows_per_commit, WARMUP_S)
     after = _cpu_reading(run)
-    timed_after = await relay_timings(run.receipts.http, ports)
-    timings = {name: mean_ms(timed, timed_after, name) for name in TIMINGS}
+    relay = relay_figures(metrics, await relay_metrics(run.receipts.http, ports))
     await wait_drained(run.conn, run.relays, drain_timeout_s(load.rows))
     await run.receipts.take()
     samples = await window_samples(
@@ -259,7 +257,7 @@ async def window(run: Run, rows_per_s: float, seconds: int, rows_per_commit: int
     )
     run.receipts.clear()
     cpu = {k: after[k] - before[k] for k in before if k != "at"}
-    return Window(load, samples, after["at"] - before["at"], cpu, timings)
+    return Window(load, samples, after["at"] - before["at"], cpu, relay)
 
 
 @dataclass(frozen=True)
@@ -305,8 +303,8 @@ def point_figures(point: Point, rows_per_s: float, windows: list[Window]) -> dic
         **samples.figures(),
         "p99_ms_by_round": [round(percentile(w.samples.latency_ms, 99), 2) for w in windows],
         **{
-            f"relayd_{name}_mean_ms": round(median([w.relay_ms[name] for w in windows]), 2)
-            for name in TIMINGS
+            f"relayd_{name}": round(median([w.relay[name] for w in windows]), 2)
+            for name in windows[0].relay
         },
         "relay_cpu_us_per_row": round(cpu["relayd"] / rows * 1e6, 1) if rows else math.nan,
         "cores": {k: round(v / seconds, 3) for k, v in cpu.items()},
@@ -415,7 +413,8 @@ def summary_lines(figures: dict[str, Any], durable: bool) -> list[str]:
         parts = "  ".join(f"{f[s + '_p50_ms']:.1f}/{f[s + '_p99_ms']:.1f}" for s in STAGES)
         relayd = (
             f"; relayd's means: claim statement {f['relayd_claim_statement_mean_ms']:.1f}, "
-            f"request {f['relayd_request_mean_ms']:.1f}"
+            f"request {f['relayd_request_mean_ms']:.1f}; "
+            f"{f['relayd_rows_per_claim']:.1f} rows per claim"
         )
         lines.append(f"  {p.key}: {parts}{relayd}")
     for p in points:

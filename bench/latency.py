@@ -139,12 +139,15 @@ TIMINGS = {
     "claim_statement": ("relayd_claim_duration_seconds", ""),
     "request": ("relayd_publish_duration_seconds", 'outcome="published"'),
 }
+# And its counters: claims run, rows they leased.
+COUNTERS = {"claims": "relayd_claims_total", "claimed_rows": "relayd_claimed_rows_total"}
 
 
-async def relay_timings(http: aiohttp.ClientSession, ports: Sequence[int]) -> dict[str, float]:
-    """The sum (s) and count of each of TIMINGS so far, over the relays on `ports`:
-    `<name>_s` and `<name>_n`."""
+async def relay_metrics(http: aiohttp.ClientSession, ports: Sequence[int]) -> dict[str, float]:
+    """Over the relays on `ports`, so far: the sum (s) and count of each of TIMINGS
+    (`<name>_s`, `<name>_n`) and each of COUNTERS."""
     totals = {f"{name}_{part}": 0.0 for name in TIMINGS for part in ("s", "n")}
+    totals |= dict.fromkeys(COUNTERS, 0.0)
     for port in ports:
         async with http.get(f"http://127.0.0.1:{port}/metrics") as answer:
             text = await answer.text()
@@ -153,15 +156,25 @@ async def relay_timings(http: aiohttp.ClientSession, ports: Sequence[int]) -> di
                 for suffix, part in (("_sum", "s"), ("_count", "n")):
                     if line.startswith(family + suffix) and labels in line:
                         totals[f"{name}_{part}"] += float(line.rsplit(" ", 1)[1])
+            for name, family in COUNTERS.items():
+                if line.startswith(family + " "):
+                    totals[name] += float(line.rsplit(" ", 1)[1])
     return totals
 
 
-def mean_ms(before: dict[str, float], after: dict[str, float], name: str) -> float:
-    """The mean of one of TIMINGS between two readings, in ms."""
-    count = after[f"{name}_n"] - before[f"{name}_n"]
-    if count <= 0:
-        return math.nan
-    return round((after[f"{name}_s"] - before[f"{name}_s"]) / count * 1000, 2)
+def relay_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Between two `relay_metrics` readings: the mean of each of TIMINGS (`<name>_mean_ms`)
+    and the rows per claim (an empty claim counts: more claims than rows means workers woke
+    for rows another had taken)."""
+    figures = {}
+    for name in TIMINGS:
+        count = after[f"{name}_n"] - before[f"{name}_n"]
+        total_s = after[f"{name}_s"] - before[f"{name}_s"]
+        figures[f"{name}_mean_ms"] = total_s / count * 1000 if count > 0 else math.nan
+    claims = after["claims"] - before["claims"]
+    rows = after["claimed_rows"] - before["claimed_rows"]
+    figures["rows_per_claim"] = rows / claims if claims > 0 else math.nan
+    return figures
 
 
 async def window_samples(
