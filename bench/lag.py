@@ -36,6 +36,7 @@ import asyncpg
 from bench.harness import (
     Bench,
     Relays,
+    any_pending,
     drain_timeout_s,
     drop_outbox,
     new_outbox,
@@ -103,9 +104,10 @@ class Run:
         self.windows += 1
         return self.windows
 
-    async def settle_down(self) -> None:
-        """Wait until nothing is pending, then forget the receipts so far."""
-        await wait_drained(self.conn, self.relays, drain_timeout_s(100_000))
+    async def settle_down(self, rows: int) -> None:
+        """Wait until nothing is pending (`rows` were produced), then forget the receipts
+        so far."""
+        await wait_drained(self.conn, self.relays, drain_timeout_s(rows))
         await self.receipts.take()
         self.receipts.clear()
 
@@ -125,11 +127,7 @@ async def _claimable_age_s(conn: asyncpg.Connection, run: Run) -> float:
 async def _drained_within(run: Run, limit_s: float) -> float | None:
     """Seconds until nothing is pending, or None if more than `limit_s`."""
     started = time.perf_counter()
-    table = run.relays.table
-    while await run.conn.fetchval(
-        f"SELECT EXISTS (SELECT 1 FROM {table.qualified} "
-        "WHERE published_at IS NULL AND dead_at IS NULL)"
-    ):
+    while await any_pending(run.conn, run.relays.table):
         if time.perf_counter() - started > limit_s:
             return None
         await asyncio.sleep(0.02)
@@ -176,7 +174,7 @@ async def trial(run: Run, rows_per_s: float, seconds: int) -> bool:
             "why_not": reasons,
         }
     )
-    await run.settle_down()
+    await run.settle_down(load.rows)
     return not reasons
 
 
