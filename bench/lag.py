@@ -1,36 +1,34 @@
-"""lag: commit-to-publish latency under a steady producer load, at two rates.
+"""lag: latency from a producer's commit to the sink's receipt, under an open-loop load at
+fractions of the saturation rate found in the same run.
 
 A running relayd (batch mode, every other setting at its default) on an empty outbox;
-producers in this process commit 10 rows per transaction (relayd.producer.enqueue_many, as
-an application would) at a steady total rate, for a fixed time. Several producer tasks,
-each on its own connection and its own slot of a fixed schedule, so that one slow commit
-delays only its own task; a task that falls behind commits at once until it catches up,
-and how late it ran is reported.
+pgbench commits one-row inserts on a Poisson schedule (bench/pgbench.py), so a slow row
+never slows the load down (a closed loop would wait for it, and hide its own queue).
 
-The lag of a row is `published_at - created_at`, both stamped by PostgreSQL (no clock of
-this process is involved), over the rows committed after a warm-up second. `created_at` is
-the producer transaction's start, so a lag includes the producer's own insert and commit.
+1. `R_sat`, the saturation rate: the highest rate that holds for a trial window, meaning
+   pgbench achieved its rate (`void_reasons`), the oldest claimable row never got older than
+   AGE_LIMIT_S past the window's first second, and the outbox drained within DRAIN_LIMIT_S
+   of the load's end. Rates double from START_ROWS_PER_S to the first that fails (or halve
+   to the first that holds); then three bisections (geometric) of that bracket, the median
+   of their results.
+2. The points: 0.1, 0.5 and 0.75 x `R_sat` with one-row transactions, and 0.5 x with
+   ten-row transactions (the variant), each in every round, their order turning round by
+   round, so that a change in the machine's load meets every point. A point's windows are
+   long enough for SAMPLES rows in all; their rows (after a warm-up) make one histogram.
 
-Each lag is also split at its commits, by the server's commit timestamps
-(`track_commit_timestamp`, which the benchmark's server keeps): the scenario's table has one
-extra column, the producer's transaction id (a default, so producers pay no round trip),
-and a row's last writer is the settle that published it. The parts: the producer's own
-transaction (`created_at` to its commit), the wait for a claim (that commit to the claim:
-`last_attempt_at`), claim to publish (the claim to the settle's start: `published_at`, which
-covers the claim's answer and the sink's), and the settle's own commit (its start to its
-commit). relayd's share is the producer's commit to the settle's commit: the last three.
-
-Baseline: the same measurement at the lower rate (1,000 rows/s); the headline is p99 at
-5,000 rows/s over p99 at 1,000 rows/s.
+Latency per row, its stages and their clocks: bench/latency.py. A point is void, and says
+so, when pgbench achieved under 98 % of its rate or its schedule lag p99 exceeded 5 ms in
+any window, or a row never reached the sink. `R@25ms`: the highest one-row point whose p99
+is at most 25 ms.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -38,374 +36,435 @@ import asyncpg
 from bench.harness import (
     Bench,
     Relays,
+    any_pending,
     drain_timeout_s,
     drop_outbox,
     new_outbox,
-    require_no_dead_letters,
-    reset_emulator,
-    sink_kept_small,
     start_relays,
     wait_drained,
 )
+from bench.latency import (
+    STAGES,
+    Receipts,
+    Samples,
+    add_bench_columns,
+    collecting_receipts,
+    relay_figures,
+    relay_metrics,
+    window_samples,
+)
 from bench.measure import (
+    BenchError,
     Result,
     machine_busy_s,
+    median,
     percentile,
     pg_cpu_s,
-    pids_cpu_s,
     process_cpu_s,
     ratio,
     warnings_line,
 )
-from relayd.core.rows import OutboxTable
-from relayd.producer import enqueue_many, new_job
+from bench.pgbench import Load, Producers, find_pgbench, pgbench_cpu_s, void_reasons
 
 NAME = "lag"
-RATES = (1_000, 5_000)  # rows/s; the first is the baseline
-SECONDS = {"full": 60.0, "quick": 10.0}
-ROWS_PER_COMMIT = 10
-PRODUCERS = 8
-WARMUP_S = 1.0
+FRACTIONS = (0.1, 0.5, 0.75)  # of R_sat, one-row transactions
+VARIANT = (0.5, 10)  # the variant: at 0.5 x R_sat, ten rows per transaction
+SIZES: dict[str, dict[str, float]] = {
+    # trial_s: a saturation trial's window; steps: of each bisection; rounds: of the points;
+    # samples: rows per point over its rounds; min_window_s: a point's shortest window.
+    "full": {"trial_s": 10, "steps": 4, "rounds": 3, "samples": 50_000, "min_window_s": 10},
+    "quick": {"trial_s": 3, "steps": 2, "rounds": 2, "samples": 3_000, "min_window_s": 3},
+}
+START_ROWS_PER_S = 500
+MIN_ROWS_PER_S = 50
+BISECTIONS = 3
+AGE_LIMIT_S = 0.5
+DRAIN_LIMIT_S = 1.0
+AGE_POLL_S = 0.25
+WARMUP_S = 0.5  # of each window: pgbench's connections, relayd's first claims
+ACHIEVED_FLOOR = 0.98
+SCHEDULE_LAG_LIMIT_MS = 5.0
+P99_LIMIT_MS = 25.0
+SAMPLE_MARGIN = 1.05
 
 
-def ojs_job(index: int, n: int) -> dict[str, Any]:
-    """What the producers commit for the OJS emulator: a small job in one queue."""
-    return new_job("bench.lag", [{"producer": index, "n": n}], queue="bench")
+@dataclass
+class Run:
+    """One server's measurement: the relay, the producers, the receipts, a window counter."""
+
+    bench: Bench
+    relays: Relays
+    producers: Producers
+    receipts: Receipts
+    conn: asyncpg.Connection
+    windows: int = 0
+    trials: list[dict[str, Any]] = field(default_factory=list)
+
+    def next_window(self) -> int:
+        self.windows += 1
+        return self.windows
+
+    async def settle_down(self, rows: int) -> None:
+        """Wait until nothing is pending (`rows` were produced), then forget the receipts
+        so far."""
+        await wait_drained(self.conn, self.relays, drain_timeout_s(rows))
+        await self.receipts.take()
+        self.receipts.clear()
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where the relay publishes and what the producers commit: the relay's settings `key`
-    (bench/settings.py), the RELAYD_SINK__* variables of its sink (None: the emulator), the
-    envelope of row `n` of producer `index`, and the sink's process."""
-
-    key: str = NAME
-    sink: Mapping[str, str] | None = None
-    make_job: Callable[[int, int], dict[str, Any]] = ojs_job
-    sink_pid: int | None = None  # the sink's process, for its CPU (None: the emulator)
+# --- R_sat -------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Schedule:
-    """When the producers commit: `rate` rows/s in all, from `start_at` to `end_at` (loop
-    time), each of PRODUCERS tasks on its own interleaved slots."""
-
-    rate: int
-    start_at: float
-    end_at: float
-
-
-async def _producer(
-    conn: asyncpg.Connection,
-    table: OutboxTable,
-    index: int,
-    schedule: Schedule,
-    make_job: Callable[[int, int], dict[str, Any]],
-) -> tuple[int, float, list[float]]:
-    """One producer task: commits of ROWS_PER_COMMIT rows on its share of the schedule.
-    Returns rows committed, how late the latest commit started (s), and each
-    transaction's duration (s)."""
-    loop = asyncio.get_running_loop()
-    interval = PRODUCERS * ROWS_PER_COMMIT / schedule.rate
-    due = schedule.start_at + index * ROWS_PER_COMMIT / schedule.rate  # slots interleave
-    rows, latest, durations = 0, 0.0, []
-    while due < schedule.end_at:
-        delay = due - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        else:
-            latest = max(latest, -delay)
-        jobs = [make_job(index, rows + i) for i in range(ROWS_PER_COMMIT)]
-        began = loop.time()
-        async with conn.transaction():
-            await enqueue_many(conn, jobs, table=table)
-        durations.append(loop.time() - began)
-        rows += ROWS_PER_COMMIT
-        due += interval
-    return rows, latest, durations
+async def _claimable_age_s(conn: asyncpg.Connection, run: Run) -> float:
+    age: float = await conn.fetchval(
+        "SELECT coalesce(extract(epoch FROM now() - min(available_at)), 0)::float8"
+        f" FROM {run.relays.table.qualified}"
+        " WHERE published_at IS NULL AND dead_at IS NULL AND available_at <= now()"
+    )
+    return age
 
 
-async def measure(
-    bench: Bench, rate: int, seconds: float, target: Target = Target()
-) -> dict[str, Any]:
-    """Produce at `rate` rows/s for `seconds` into a running relayd publishing to `target`;
-    the lag figures."""
-    table = await new_outbox(bench, f"{target.key.replace('.', '_')}_{rate}")
-    await _stamp_producers(bench, table)
-    emulator = target.sink is None
-    if emulator:
-        await reset_emulator(bench)
-    async with (
-        start_relays(bench, table, target.key, sink=target.sink) as relays,
-        sink_kept_small(bench, enabled=emulator),
-    ):
-        producers = [await asyncpg.connect(bench.dsn) for _ in range(PRODUCERS)]
+async def _drained_within(run: Run, limit_s: float) -> float | None:
+    """Seconds until nothing is pending, or None if more than `limit_s`."""
+    started = time.perf_counter()
+    while await any_pending(run.conn, run.relays.table):
+        if time.perf_counter() - started > limit_s:
+            return None
+        await asyncio.sleep(0.02)
+    return time.perf_counter() - started
+
+
+async def trial(run: Run, rows_per_s: float, seconds: int) -> bool:
+    """Whether relayd keeps up with `rows_per_s` (module docstring, step 1)."""
+    watcher = await asyncpg.connect(run.bench.dsn)
+    ages: list[tuple[float, float]] = []
+
+    async def watch() -> None:
+        started = time.perf_counter()
+        while True:
+            ages.append((time.perf_counter() - started, await _claimable_age_s(watcher, run)))
+            await asyncio.sleep(AGE_POLL_S)
+
+    try:
+        task = asyncio.create_task(watch())
         try:
-            producer_pids = [conn.get_server_pid() for conn in producers]
-            sink_pid = bench.emulator_pid if target.sink_pid is None else target.sink_pid
-            split = CpuSplit(bench, relays, producer_pids, sink_pid)
-            before = await split.read(producers[0])
-            cpu0 = relays.cpu_s()
-            start_at = asyncio.get_running_loop().time()
-            schedule = Schedule(rate, start_at, start_at + seconds)
-            async with asyncio.TaskGroup() as group:
-                tasks = [
-                    group.create_task(_producer(conn, table, i, schedule, target.make_job))
-                    for i, conn in enumerate(producers)
-                ]
-            cores = split.cores(before, await split.read(producers[0]))
+            load = await run.producers.produce(rows_per_s, seconds, run.next_window(), 1, WARMUP_S)
         finally:
-            for conn in producers:
-                await conn.close()
-        produced = sum(t.result()[0] for t in tasks)
-        latest = max(t.result()[1] for t in tasks)
-        durations = [d for t in tasks for d in t.result()[2]]
-        conn = await asyncpg.connect(bench.dsn)
-        try:
-            tail_started = time.perf_counter()
-            await wait_drained(conn, relays, drain_timeout_s(produced))
-            tail_s = time.perf_counter() - tail_started
-            cpu_s = relays.cpu_s() - cpu0
-            await require_no_dead_letters(conn, table)
-            lags = await _lags_ms(conn, table)
-            slowest = await _slowest_seconds(conn, table)
-            settles = await conn.fetchval(
-                f"SELECT count(DISTINCT xmin::text) FROM {table.qualified}"
-            )
-        finally:
-            await conn.close()
-        warnings = relays.warnings()
-    await drop_outbox(bench, table)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    finally:
+        await watcher.close()
+    drained_s = await _drained_within(run, DRAIN_LIMIT_S)
+    oldest = max((age for at, age in ages if at >= 1.0), default=math.nan)
+    # The schedule lag voids a latency point, not a trial: a late start here is the machine's
+    # delay in running pgbench, which the achieved rate and the backlog answer for.
+    reasons = void_reasons(load, lag_limit_ms=math.inf, achieved_fraction=ACHIEVED_FLOOR)
+    if not oldest <= AGE_LIMIT_S:
+        reasons.append(f"claimable age reached {oldest:.2f} s")
+    if drained_s is None:
+        reasons.append(f"not drained {DRAIN_LIMIT_S:g} s after the load")
+    run.trials.append(
+        {
+            "rows_per_s": round(rows_per_s),
+            "held": not reasons,
+            "achieved_rows_per_s": round(load.achieved_rows_per_s, 1),
+            "schedule_lag_p99_ms": round(load.schedule_lag_p99_ms, 2),
+            "oldest_claimable_s": round(oldest, 3),
+            "drained_s": None if drained_s is None else round(drained_s, 2),
+            "why_not": reasons,
+        }
+    )
+    await run.settle_down(load.rows)
+    return not reasons
+
+
+async def _bracket(run: Run, trial_s: int) -> tuple[float, float]:
+    """A rate that holds and its double, which does not: doubling from START_ROWS_PER_S, or
+    halving from it if it fails (a slow disk, a busy machine), down to MIN_ROWS_PER_S."""
+    rate = float(START_ROWS_PER_S)
+    if await trial(run, rate, trial_s):
+        while await trial(run, rate * 2, trial_s):
+            rate *= 2
+            if rate > 1_000_000:
+                raise BenchError("relayd kept up with 1,000,000 rows/s: the trials are broken")
+        return rate, rate * 2
+    while rate / 2 >= MIN_ROWS_PER_S:
+        rate /= 2
+        if await trial(run, rate, trial_s):
+            return rate, rate * 2
+    why = "; ".join(run.trials[-1]["why_not"])
+    raise BenchError(f"relayd did not keep up with {rate:,.0f} rows/s: {why}")
+
+
+async def saturation(run: Run, trial_s: int, steps: int) -> tuple[float, list[float]]:
+    """R_sat (module docstring, step 1) and the result of each bisection."""
+    low, high = await _bracket(run, trial_s)
+    found = []
+    for _ in range(BISECTIONS):
+        ok, bad = low, high
+        for _ in range(steps):
+            middle = math.sqrt(ok * bad)
+            if await trial(run, middle, trial_s):
+                ok = middle
+            else:
+                bad = middle
+        found.append(ok)
+    return median(found), found
+
+
+# --- the points --------------------------------------------------------------------------
+
+
+@dataclass
+class Window:
+    """One window of one point: pgbench's load, the rows' samples, the CPU seconds of the
+    machine, relayd, the emulator, PostgreSQL and pgbench while the load ran, and relayd's
+    mean claim statement and request and its rows per claim (its /metrics)."""
+
+    load: Load
+    samples: Samples
+    seconds: float
+    cpu_s: dict[str, float]
+    relay: dict[str, float]  # from relayd's /metrics (latency.relay_figures)
+
+
+def _cpu_reading(run: Run) -> dict[str, float]:
     return {
-        "target_rows_per_s": rate,
-        "achieved_rows_per_s": round(produced / seconds, 1),
-        "rows_measured": len(lags.total),
-        "p50_ms": round(percentile(lags.total, 50), 2),
-        "p99_ms": round(percentile(lags.total, 99), 2),
-        "max_ms": round(max(lags.total, default=float("nan")), 2),
-        "producer_commit_p99_ms": round(percentile(lags.producer, 99), 2),
-        "claim_wait_p99_ms": round(percentile(lags.wait, 99), 2),
-        "claim_to_publish_p99_ms": round(percentile(lags.send, 99), 2),
-        "settle_p99_ms": round(percentile(lags.settle, 99), 2),
-        "relayd_p50_ms": round(percentile(lags.relayd, 50), 2),
-        "relayd_p99_ms": round(percentile(lags.relayd, 99), 2),
-        "producer_latest_start_ms": round(latest * 1000, 1),
-        "producer_txn_p99_ms": round(percentile(durations, 99) * 1000, 2),
-        "drain_after_producers_s": round(tail_s, 2),
-        "relay_cpu_share": round(cpu_s / (seconds + tail_s), 3),
-        "slowest_seconds": slowest,
-        "rows_per_settle": round(produced / max(settles, 1), 1),
-        "cpu_cores": cores,
+        "at": time.perf_counter(),
+        "machine_busy": machine_busy_s(),
+        "relayd": run.relays.cpu_s(),
+        "sink": process_cpu_s(run.bench.emulator_pid),
+        "postgres": pg_cpu_s(run.bench.postmaster_pid),
+        "pgbench": pgbench_cpu_s(),
+    }
+
+
+async def window(run: Run, rows_per_s: float, seconds: int, rows_per_commit: int) -> Window:
+    """Produce at `rows_per_s` for `seconds`, let the outbox drain, read the rows' samples."""
+    number = run.next_window()
+    ports = [relay.metrics_port for relay in run.relays.members]
+    metrics = await relay_metrics(run.receipts.http, ports)
+    before = _cpu_reading(run)
+    load = await run.producers.produce(rows_per_s, seconds, number, rows_per_commit, WARMUP_S)
+    after = _cpu_reading(run)
+    relay = relay_figures(metrics, await relay_metrics(run.receipts.http, ports))
+    await wait_drained(run.conn, run.relays, drain_timeout_s(load.rows))
+    await run.receipts.take()
+    samples = await window_samples(
+        run.conn, run.relays.table, number, WARMUP_S, run.receipts.received
+    )
+    run.receipts.clear()
+    cpu = {k: after[k] - before[k] for k in before if k != "at"}
+    return Window(load, samples, after["at"] - before["at"], cpu, relay)
+
+
+@dataclass(frozen=True)
+class Point:
+    """A rate (a fraction of R_sat) and its rows per transaction."""
+
+    fraction: float
+    rows_per_commit: int
+
+    @property
+    def key(self) -> str:
+        suffix = "" if self.rows_per_commit == 1 else f"_x{self.rows_per_commit}"
+        return f"at_{self.fraction:g}{suffix}".replace(".", "_")
+
+
+def point_figures(point: Point, rows_per_s: float, windows: list[Window]) -> dict[str, Any]:
+    """The point's figures over its windows (one histogram), and why it is void, if it is."""
+    samples = Samples.pooled([w.samples for w in windows])
+    rows = sum(w.load.rows for w in windows)
+    seconds = sum(w.seconds for w in windows)
+    lags = [x for w in windows for x in w.load.schedule_lags_ms]
+    cpu = {k: sum(w.cpu_s[k] for w in windows) for k in windows[0].cpu_s}
+    void = sorted(
+        {
+            reason
+            for w in windows
+            for reason in void_reasons(
+                w.load, lag_limit_ms=SCHEDULE_LAG_LIMIT_MS, achieved_fraction=ACHIEVED_FLOOR
+            )
+        }
+    )
+    if samples.unreceived:
+        void.append(f"{samples.unreceived:,} rows never reached the sink")
+    return {
+        "fraction_of_r_sat": point.fraction,
+        "rows_per_commit": point.rows_per_commit,
+        "target_rows_per_s": round(rows_per_s, 1),
+        # Over the steady parts, as the void check reads it.
+        "achieved_rows_per_s": round(
+            sum(w.load.achieved_rows_per_s * w.load.steady_s for w in windows)
+            / sum(w.load.steady_s for w in windows),
+            1,
+        ),
+        "schedule_lag_p99_ms": round(percentile(lags, 99), 2),
+        "pgbench_priority": sorted({w.load.priority for w in windows}),
+        "windows": len(windows),
+        "window_s": round(windows[0].load.seconds),
+        **samples.figures(),
+        "p99_ms_by_round": [round(percentile(w.samples.latency_ms, 99), 2) for w in windows],
+        **{
+            f"relayd_{name}": round(median([w.relay[name] for w in windows]), 2)
+            for name in windows[0].relay
+        },
+        "relay_cpu_us_per_row": round(cpu["relayd"] / rows * 1e6, 1) if rows else math.nan,
+        "cores": {k: round(v / seconds, 3) for k, v in cpu.items()},
+        "void": void,
+    }
+
+
+def _window_s(rows_per_s: float, size: dict[str, float]) -> int:
+    """A window long enough for its share of the point's samples after the warm-up, with a
+    margin: a Poisson schedule draws a few per cent fewer at times, and a window a few
+    rows short of the target would say the point has too few."""
+    per_round = SAMPLE_MARGIN * size["samples"] / size["rounds"] / rows_per_s
+    return math.ceil(max(size["min_window_s"], per_round + WARMUP_S))
+
+
+async def measure(bench: Bench) -> dict[str, Any]:
+    """Both steps on one relayd and one outbox; every figure."""
+    size = SIZES["quick" if bench.quick else "full"]
+    pgbench = find_pgbench()
+    table = await new_outbox(bench, NAME)
+    conn = await asyncpg.connect(bench.dsn)
+    try:
+        await add_bench_columns(conn, table)
+        async with (
+            start_relays(bench, table, NAME) as relays,
+            collecting_receipts(bench) as receipts,
+        ):
+            producers = Producers(pgbench, bench.dsn, bench.base / "pgbench", table)
+            run = Run(bench, relays, producers, receipts, conn)
+            r_sat, bisections = await saturation(run, int(size["trial_s"]), int(size["steps"]))
+            points = [Point(f, 1) for f in FRACTIONS] + [Point(*VARIANT)]
+            windows: dict[Point, list[Window]] = {p: [] for p in points}
+            for round_ in range(int(size["rounds"])):
+                turned = points[round_ % len(points) :] + points[: round_ % len(points)]
+                for point in turned:
+                    rate = point.fraction * r_sat
+                    seconds = _window_s(rate, size)
+                    windows[point].append(await window(run, rate, seconds, point.rows_per_commit))
+            warnings = relays.warnings()
+    finally:
+        await conn.close()
+    await drop_outbox(bench, table)
+    figures = {p.key: point_figures(p, p.fraction * r_sat, windows[p]) for p in points}
+    one_row = [figures[Point(f, 1).key] for f in FRACTIONS]
+    within = [
+        f["target_rows_per_s"] for f in one_row if not f["void"] and f["p99_ms"] <= P99_LIMIT_MS
+    ]
+    return {
+        "r_sat_rows_per_s": round(r_sat, 1),
+        "r_sat_bisections": [round(x, 1) for x in bisections],
+        "r_at_25ms_rows_per_s": max(within, default=0.0),
+        "trials": run.trials,
+        **figures,
         "relay_warnings": warnings,
     }
 
 
-@dataclass(frozen=True)
-class CpuReading:
-    """CPU seconds so far, by whom (see CpuSplit)."""
-
-    at: float
-    machine: float
-    relayd: float
-    this_process: float
-    sink: float
-    postgres: float
-    backends: dict[int, float]
-    relayd_backends: frozenset[int]
+# --- the report --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class CpuSplit:
-    """Where the CPU went while the producers ran, in cores (CPU seconds per second): the
-    machine's busy time, relayd's process, the PostgreSQL backends of relayd's connections
-    (application_name relayd*), the producers (this process and their backends), the sink's
-    process, and the rest of PostgreSQL (its background processes and backends that came and
-    went). A machine near its core count is a queue for CPU, whoever is in it."""
-
-    bench: Bench
-    relays: Relays
-    producer_pids: list[int]
-    sink_pid: int
-
-    async def read(self, conn: asyncpg.Connection) -> CpuReading:
-        relayd_pids = [
-            r["pid"]
-            for r in await conn.fetch(
-                "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'relayd%'"
+def targets(figures: dict[str, Any], durable: bool) -> list[tuple[str, float, str, bool]]:
+    """The acceptance targets beside the figures: (what, figure, target, met)."""
+    low, mid = figures[Point(0.1, 1).key], figures[Point(0.5, 1).key]
+    r_sat = figures["r_sat_rows_per_s"]
+    if durable:
+        limit = 3 * low["p99_ms"]
+        return [
+            (
+                "p99 at 0.5x",
+                mid["p99_ms"],
+                f"<= 3 x p99 at 0.1x = {limit:.1f}",
+                mid["p99_ms"] <= limit,
             )
         ]
-        return CpuReading(
-            at=time.perf_counter(),
-            machine=machine_busy_s(),
-            relayd=self.relays.cpu_s(),
-            this_process=time.process_time(),
-            sink=process_cpu_s(self.sink_pid),
-            postgres=pg_cpu_s(self.bench.postmaster_pid),
-            backends=pids_cpu_s([*relayd_pids, *self.producer_pids]),
-            relayd_backends=frozenset(relayd_pids),
-        )
-
-    def cores(self, before: CpuReading, after: CpuReading) -> dict[str, float]:
-        seconds = after.at - before.at
-
-        def used(pids: frozenset[int] | list[int]) -> float:
-            # A backend that started in the window began at 0; one that ended is left out
-            # (its time is in PostgreSQL's total, so in "postgres_other").
-            return sum(after.backends.get(p, 0.0) - before.backends.get(p, 0.0) for p in pids)
-
-        relayd_pg = used(after.relayd_backends)
-        producers_pg = used(self.producer_pids)
-        cores = {
-            "machine_busy": after.machine - before.machine,
-            "relayd": after.relayd - before.relayd,
-            "relayd_postgres": relayd_pg,
-            "producers": after.this_process - before.this_process + producers_pg,
-            "sink": after.sink - before.sink,
-            "postgres_other": after.postgres - before.postgres - relayd_pg - producers_pg,
-        }
-        return {name: round(value / seconds, 3) for name, value in cores.items()}
-
-
-PRODUCER_XID = "bench_producer_xid"
-
-
-async def _stamp_producers(bench: Bench, table: OutboxTable) -> None:
-    """Give the (empty) table a column holding each row's producer transaction id, filled by
-    its default: no round trip for the producers, and nothing relayd reads."""
-    conn = await asyncpg.connect(bench.dsn)
-    try:
-        await conn.execute(
-            f"ALTER TABLE {table.qualified} "
-            f"ADD COLUMN {PRODUCER_XID} xid8 DEFAULT pg_current_xact_id()"
-        )
-    finally:
-        await conn.close()
-
-
-@dataclass(frozen=True)
-class Lags:
-    """Each measured row's commit-to-publish and its parts, in milliseconds (module
-    docstring): `total` = `producer` + `wait` + `send` (it ends at `published_at`, the
-    settle's start); `relayd` = `wait` + `send` + `settle`."""
-
-    total: list[float]
-    producer: list[float]
-    wait: list[float]
-    send: list[float]
-    settle: list[float]
-    relayd: list[float]
-
-
-async def _lags_ms(conn: asyncpg.Connection, table: OutboxTable) -> Lags:
-    """The lags of the rows created after the warm-up, by the database's clock."""
-    rows = await conn.fetch(
-        "SELECT extract(epoch FROM o.created_at) AS created,"
-        f" extract(epoch FROM pg_xact_commit_timestamp(o.{PRODUCER_XID}::xid)) AS committed,"
-        " extract(epoch FROM o.last_attempt_at) AS claimed,"
-        " extract(epoch FROM o.published_at) AS published,"
-        " extract(epoch FROM pg_xact_commit_timestamp(o.xmin)) AS settled"
-        f" FROM {table.qualified} AS o, (SELECT min(created_at) + make_interval(secs => $1)"
-        f" AS since FROM {table.qualified}) AS w WHERE o.created_at >= w.since",
-        WARMUP_S,
-    )
-    lags = Lags([], [], [], [], [], [])
-    for r in rows:
-        created, committed, claimed = (float(r[k]) for k in ("created", "committed", "claimed"))
-        published, settled = float(r["published"]), float(r["settled"])
-        lags.total.append((published - created) * 1000)
-        lags.producer.append((committed - created) * 1000)
-        lags.wait.append((claimed - committed) * 1000)
-        lags.send.append((published - claimed) * 1000)
-        lags.settle.append((settled - published) * 1000)
-        lags.relayd.append((settled - committed) * 1000)
-    return lags
-
-
-async def _slowest_seconds(conn: asyncpg.Connection, table: OutboxTable) -> list[dict[str, float]]:
-    """The three seconds of the run (by created_at, from its first row) whose rows waited
-    longest: a steady lag shows as many alike, a stall as one or two far above the rest."""
-    rows = await conn.fetch(
-        "SELECT floor(extract(epoch FROM o.created_at - w.t0))::int AS second,"
-        " max(extract(epoch FROM o.published_at) - extract(epoch FROM o.created_at)) * 1000"
-        " AS max_ms, count(*) AS rows"
-        f" FROM {table.qualified} AS o, (SELECT min(created_at) AS t0 FROM {table.qualified})"
-        " AS w GROUP BY 1 ORDER BY 2 DESC LIMIT 3"
-    )
+    r25 = figures["r_at_25ms_rows_per_s"]
     return [
-        {"second": r["second"], "max_ms": round(float(r["max_ms"]), 1), "rows": r["rows"]}
-        for r in rows
+        ("p99 at 0.1x", low["p99_ms"], "<= 4 ms", low["p99_ms"] <= 4),
+        ("p99 at 0.5x", mid["p99_ms"], "<= 8 ms", mid["p99_ms"] <= 8),
+        ("p99.9 at 0.5x", mid["p999_ms"], "<= 25 ms", mid["p999_ms"] <= 25),
+        ("R@25ms", r25, f">= 0.75 x R_sat = {0.75 * r_sat:,.0f}", r25 >= 0.75 * r_sat - 0.5),
     ]
 
 
-def split_lines(results: Mapping[int, Mapping[str, Any]]) -> list[str]:
-    """The p99 of each part of the lag, per rate, and relayd's share (module docstring)."""
+def summary_lines(figures: dict[str, Any], durable: bool) -> list[str]:
+    points = [Point(f, 1) for f in FRACTIONS] + [Point(*VARIANT)]
+    r_sat = figures["r_sat_rows_per_s"]
+    bisections = ", ".join(f"{x:,.0f}" for x in figures["r_sat_bisections"])
     lines = [
-        f"{'rows/s':>8}{'producer p99':>14}{'claim wait':>12}{'claim->publish':>16}"
-        f"{'settle':>9}{'relayd p50':>12}{'relayd p99 ms':>15}"
+        f"R_sat {r_sat:,.0f} rows/s (median of bisections {bisections}; "
+        f"{len(figures['trials'])} trials); R@25ms {figures['r_at_25ms_rows_per_s']:,.0f} rows/s",
+        f"{'point':>10}{'rows/s':>8}{'achieved':>9}{'sched p99':>10}{'samples':>9}"
+        f"{'p50 ms':>8}{'p99 ms':>8}{'p99.9 ms':>9}{'max ms':>8}  p99 by round",
     ]
-    for rate, f in results.items():
+    for p in points:
+        f = figures[p.key]
+        name = f"{p.fraction:g}x" + ("" if p.rows_per_commit == 1 else f" ({p.rows_per_commit}/tx)")
+        by_round = " ".join(f"{x:.1f}" for x in f["p99_ms_by_round"])
         lines.append(
-            f"{rate:>8,}{f['producer_commit_p99_ms']:>14.1f}{f['claim_wait_p99_ms']:>12.1f}"
-            f"{f['claim_to_publish_p99_ms']:>16.1f}{f['settle_p99_ms']:>9.1f}"
-            f"{f['relayd_p50_ms']:>12.1f}{f['relayd_p99_ms']:>15.1f}"
+            f"{name:>10}{f['target_rows_per_s']:>8,.0f}{f['achieved_rows_per_s']:>9,.0f}"
+            f"{f['schedule_lag_p99_ms']:>10.2f}{f['samples']:>9,}{f['p50_ms']:>8.1f}"
+            f"{f['p99_ms']:>8.1f}{f['p999_ms']:>9.1f}{f['max_ms']:>8.1f}  {by_round}"
         )
-    return lines
-
-
-def cpu_lines(results: Mapping[int, Mapping[str, Any]]) -> list[str]:
-    """Where the CPU went at each rate (CpuSplit), in cores of the machine's."""
-    lines = []
-    for rate, f in results.items():
-        c = f["cpu_cores"]
+    lines.append("stages p50/p99 ms: " + ", ".join(s.replace("_", " ") for s in STAGES))
+    for p in points:
+        f = figures[p.key]
+        parts = "  ".join(f"{f[s + '_p50_ms']:.1f}/{f[s + '_p99_ms']:.1f}" for s in STAGES)
+        relayd = (
+            f"; relayd's means: claim statement {f['relayd_claim_statement_mean_ms']:.1f}, "
+            f"request {f['relayd_request_mean_ms']:.1f}; "
+            f"{f['relayd_rows_per_claim']:.1f} rows per claim"
+        )
+        lines.append(f"  {p.key}: {parts}{relayd}")
+    for p in points:
+        f, c = figures[p.key], figures[p.key]["cores"]
         lines.append(
-            f"{rate:,} rows/s: CPU busy {c['machine_busy']:.2f} of {os.cpu_count()} cores: "
-            f"relayd {c['relayd']:.2f} + its PostgreSQL {c['relayd_postgres']:.2f}, "
-            f"producers {c['producers']:.2f}, sink {c['sink']:.2f}, rest of PostgreSQL "
-            f"{c['postgres_other']:.2f}; {f['rows_per_settle']:.0f} rows per settle"
+            f"{p.key}: busy {c['machine_busy']:.2f} of {os.cpu_count()} cores: relayd "
+            f"{c['relayd']:.2f} ({f['relay_cpu_us_per_row']:.0f} us/row), PostgreSQL "
+            f"{c['postgres']:.2f}, emulator {c['sink']:.2f}, pgbench {c['pgbench']:.2f}"
         )
+        if f["void"]:
+            lines.append(f"{p.key}: VOID: {'; '.join(f['void'])}")
+    server = "durable" if durable else "scratch"
+    for what, value, target, met in targets(figures, durable):
+        lines.append(
+            f"target ({server}): {what} {value:,.1f}, target {target}: {'met' if met else 'MISSED'}"
+        )
+    lines += warnings_line(figures["relay_warnings"])
     return lines
 
 
 async def run(bench: Bench) -> Result:
-    seconds = SECONDS["quick" if bench.quick else "full"]
-    results = {rate: await measure(bench, rate, seconds) for rate in RATES}
-    low, high = RATES
-    base = results[low]
-    summary = [
-        f"{'rows/s':>8}{'achieved':>10}{'rows':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
-        f"{'p99 vs ' + str(low):>13}{'producer txn p99 ms':>21}"
-    ]
-    for rate, f in results.items():
-        summary.append(
-            f"{rate:>8,}{f['achieved_rows_per_s']:>10,.0f}{f['rows_measured']:>9,}"
-            f"{f['p50_ms']:>9.1f}{f['p99_ms']:>9.1f}{f['max_ms']:>9.1f}"
-            f"{ratio(f['p99_ms'], base['p99_ms']):>12.2f}x{f['producer_txn_p99_ms']:>21.1f}"
-        )
-    summary += split_lines(results)
-    summary += cpu_lines(results)
-    for rate, f in results.items():
-        worst = f["slowest_seconds"][0] if f["slowest_seconds"] else None
-        if worst is not None:
-            summary.append(
-                f"{rate:,} rows/s: slowest second {worst['second']} "
-                f"(rows created then waited up to {worst['max_ms']:.0f} ms)"
-            )
-        summary += [f"{rate:,} rows/s: {line}" for line in warnings_line(f["relay_warnings"])]
+    figures = await measure(bench)
+    size = SIZES["quick" if bench.quick else "full"]
+    low, mid, high = (figures[Point(f, 1).key] for f in FRACTIONS)
+    r_sat = figures["r_sat_rows_per_s"]
     return Result(
         scenario=NAME,
         params={
-            "rates": list(RATES),
-            "seconds": seconds,
-            "rows_per_commit": ROWS_PER_COMMIT,
-            "producers": PRODUCERS,
+            **size,
+            "fractions": list(FRACTIONS),
+            "variant": list(VARIANT),
+            "bisections": BISECTIONS,
+            "start_rows_per_s": START_ROWS_PER_S,
+            "age_limit_s": AGE_LIMIT_S,
+            "drain_limit_s": DRAIN_LIMIT_S,
             "warmup_s": WARMUP_S,
         },
-        baseline=f"the same measurement at {low:,} rows/s, same run",
+        baseline="R_sat, the saturation rate found in the same run",
         headline={
-            f"p99_{high}_vs_{low}": ratio(results[high]["p99_ms"], base["p99_ms"]),
-            f"p50_{high}_vs_{low}": ratio(results[high]["p50_ms"], base["p50_ms"]),
-            f"relayd_p99_ms_at_{high}": results[high]["relayd_p99_ms"],
+            "r_sat_rows_per_s": r_sat,
+            "p99_ms_at_0_1": low["p99_ms"],
+            "p99_ms_at_0_5": mid["p99_ms"],
+            "p999_ms_at_0_5": mid["p999_ms"],
+            "p99_ms_at_0_75": high["p99_ms"],
+            "p99_0_5_vs_0_1": ratio(mid["p99_ms"], low["p99_ms"]),
+            "r_at_25ms_vs_r_sat": ratio(figures["r_at_25ms_rows_per_s"], r_sat),
         },
-        figures={f"rate_{rate}": f for rate, f in results.items()},
-        summary=summary,
+        figures=figures,
+        summary=summary_lines(figures, bench.durable),
     )

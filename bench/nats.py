@@ -11,7 +11,7 @@ five event types routed to five subjects, each figure beside a baseline of the s
   one unsent row, `await js.publish`, mark it published, sequentially;
 - relayd drain: `relayd run` with `[sink] kind = "nats"` on a filled outbox;
 - lag: producers committing events at 1,000 and 5,000 rows/s into a running relayd, as
-  `lag` measures it (the lag of a row is published_at - created_at, the database's clock).
+  bench/steady.py measures it (the lag of a row is published_at - created_at, the database's clock).
 
 CPU comes from /proc as in `drain`; nats-server's own is reported as the sink's.
 """
@@ -32,7 +32,7 @@ import nats
 from nats.js.api import StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 
-from bench import lag
+from bench import steady
 from bench.harness import (
     EVENT_FILL_SQL,
     Bench,
@@ -79,7 +79,7 @@ def message_of(raw: str) -> NatsMessage:
 
 
 def event_job(index: int, n: int) -> dict[str, Any]:
-    """What `lag`'s producers commit here: an event of one of the routed types."""
+    """What the steady producers commit here: an event of one of the routed types."""
     when = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return new_job(
         f"bench.kind{n % KINDS}",
@@ -210,11 +210,11 @@ async def run(bench: Bench) -> Result:
         client = await client_pipeline(bench, server, js, rows)
         loop = await drain_loop(bench, server, js, loop_rows)
         relayd = await drain_relayd(bench, server, js, rows)
-        target = lag.Target(
+        target = steady.Target(
             key=NAME, sink=sink_env(server), make_job=event_job, sink_pid=server.pid
         )
-        lags = {rate: await lag.measure(bench, rate, seconds, target) for rate in lag.RATES}
-    low, high = lag.RATES
+        lags = {rate: await steady.measure(bench, rate, seconds, target) for rate in steady.RATES}
+    low, high = steady.RATES
     relay_us = relayd.figures()["relay_cpu_us_per_row"]
     client_us = client.figures()["relay_cpu_us_per_row"]
     figures = {
@@ -250,8 +250,8 @@ async def run(bench: Bench) -> Result:
             f"p50 {f['p50_ms']:.1f} ms, p99 {f['p99_ms']:.1f} ms, max {f['max_ms']:.1f} ms"
         )
         summary += [f"{rate:,} rows/s: {line}" for line in warnings_line(f["relay_warnings"])]
-    summary += lag.split_lines(lags)
-    summary += lag.cpu_lines(lags)
+    summary += steady.split_lines(lags)
+    summary += steady.cpu_lines(lags)
     summary += warnings_line(relayd.relay_warnings)
     return Result(
         scenario=NAME,

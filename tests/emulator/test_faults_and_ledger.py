@@ -232,6 +232,52 @@ async def test_reset_forgets_jobs_ledger_and_faults(
     assert (await call(http, "POST", running.url + JOBS, sent)).status == 201
 
 
+async def test_arrivals_carry_each_request_receipt_time(
+    start: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    """GET /_emulator/arrivals gives each stored job's request receipt time on the
+    emulator's clock; a batch's jobs share their request's."""
+    running = await start()
+    single, first, second = job(), job(), job()
+    before = running.emulator.now()
+    assert (await call(http, "POST", running.url + JOBS, single)).status == 201
+    between = running.emulator.now()
+    running.emulator.advance_clock(3600)
+    answer = await call(http, "POST", running.url + BATCH, {"jobs": [first, second]})
+    assert answer.status == 201
+    after = running.emulator.now()
+    shown = (await call(http, "GET", running.url + "/_emulator/arrivals")).body
+    assert shown["arrivals"] == [single["id"], first["id"], second["id"]]
+    at_single, at_first, at_second = shown["received_at"]
+    assert before <= at_single <= between
+    assert between + 3600 <= at_first == at_second <= after
+    assert running.emulator.receipts() == list(
+        zip(shown["arrivals"], shown["received_at"], strict=True)
+    )
+
+
+async def test_reset_answers_the_receipts_it_forgot_when_asked(
+    start: StartEmulator, http: aiohttp.ClientSession
+) -> None:
+    """POST /_emulator/reset with {"receipts": true} answers the arrivals it forgot; without
+    it, only that it reset; either way the arrivals start again empty."""
+    running = await start()
+    kept, later = job(), job()
+    await call(http, "POST", running.url + JOBS, kept)
+    expected = running.emulator.receipts()
+    reset_url = running.url + "/_emulator/reset"
+    answer = await call(http, "POST", reset_url, {"receipts": True})
+    assert answer.body == {
+        "reset": True,
+        "arrivals": [kept["id"]],
+        "received_at": [expected[0][1]],
+    }
+    await call(http, "POST", running.url + JOBS, later)
+    assert (await call(http, "POST", reset_url)).body == {"reset": True}
+    arrivals = (await call(http, "GET", running.url + "/_emulator/arrivals")).body
+    assert arrivals == {"arrivals": [], "received_at": []}
+
+
 async def test_wait_until_wakes_on_a_request(
     start: StartEmulator, http: aiohttp.ClientSession
 ) -> None:

@@ -6,9 +6,11 @@ scripted faults of `relayd.testing.emulator.faults`, and a ledger of what each j
 (`state`); `app` puts them behind one aiohttp application.
 
 Control API (no auth, no faults): ``GET /_emulator/ledger``, ``GET /_emulator/arrivals`` (the
-ids stored, in order: ``{"arrivals": [...]}``), ``GET|POST|DELETE
-/_emulator/faults``, ``POST /_emulator/reset``, ``POST /_emulator/clock`` (``{"advance_s":
-N}``). The same operations are methods of `Emulator` for in-process tests.
+ids stored, in order, and when each one's request was received, in epoch seconds on the
+emulator's clock: ``{"arrivals": [...], "received_at": [...]}``), ``GET|POST|DELETE
+/_emulator/faults``, ``POST /_emulator/reset`` (with ``{"receipts": true}`` it also answers
+the arrivals it forgot, as ``GET /_emulator/arrivals`` would have), ``POST /_emulator/clock``
+(``{"advance_s": N}``). The same operations are methods of `Emulator` for in-process tests.
 
 Ledger JSON (``GET /_emulator/ledger``)::
 

@@ -84,11 +84,14 @@ class Emulator:
         self._state.advance_clock(seconds)
         self._notify()
 
-    def reset(self) -> None:
-        """Forget every job, the ledger, the faults, the events and any clock advance."""
+    def reset(self) -> list[tuple[str, float]]:
+        """Forget every job, the ledger, the faults, the events and any clock advance;
+        returns the receipts it forgot (see `receipts`)."""
+        forgotten = self.receipts()
         self._faults.clear()
         self._state.reset()
         self._notify()
+        return forgotten
 
     def add_fault(self, rule: FaultRule) -> str:
         """Arm a fault rule; returns its id."""
@@ -118,6 +121,12 @@ class Emulator:
         """The ids of the jobs stored so far, in the order they were stored (a job stored
         again appears again)."""
         return list(self._state.arrivals)
+
+    def receipts(self) -> list[tuple[str, float]]:
+        """`arrivals`, each with the time its request was received on the emulator's clock
+        (epoch seconds): when its handler began, before the body was read. A batch's jobs
+        share their request's time."""
+        return list(zip(self._state.arrivals, self._state.received_at, strict=True))
 
     def ledger(self) -> dict[str, LedgerEntry]:
         """A snapshot of the ledger, by job id."""
@@ -190,15 +199,16 @@ class Emulator:
     ) -> tuple[Reply | None, FaultRule | None]:
         """The answer (None: the connection was dropped) and the fault rule that fired."""
         path, method = request.path, request.method
+        received_at = self._state.now()
         if path.startswith(CONTROL_PREFIX):
             body = await self._read_body(request, _CONTROL_BODY_BYTES)
-            return self._dispatch(self._call(request, request_id, body)), None
+            return self._dispatch(self._call(request, request_id, body, received_at)), None
         self._state.advance()
         self._check_auth(request)
         self._check_version(request)
         if method in ("POST", "PUT", "PATCH"):
             self._check_content_type(request)
-        call = self._call(request, request_id, await self._read_body(request))
+        call = self._call(request, request_id, await self._read_body(request), received_at)
         job_ids = call.job_ids()
         posted = self._count_request(call, job_ids, request.headers.get("traceparent"))
         rule = self._faults.take(method, path, job_ids)
@@ -244,7 +254,7 @@ class Emulator:
                 return dataclasses.replace(reply, status=rule.status)
         return reply
 
-    def _call(self, request: web.Request, request_id: str, body: bytes) -> Call:
+    def _call(self, request: web.Request, request_id: str, body: bytes, received_at: float) -> Call:
         call = Call(
             method=request.method,
             path=request.path,
@@ -252,6 +262,7 @@ class Emulator:
             query=dict(request.query),
             request_id=request_id,
             body=body,
+            received_at=received_at,
         )
         if body:
             try:
@@ -395,7 +406,7 @@ class Emulator:
 
     def _control_arrivals(self, call: Call) -> Reply:
         del call
-        return Reply(200, {"arrivals": self.arrivals()})
+        return Reply(200, _receipts_json(self.receipts()))
 
     def _control_faults(self, call: Call) -> Reply:
         del call
@@ -423,9 +434,12 @@ class Emulator:
         return Reply(200, {"cleared": self.clear_faults()})
 
     def _control_reset(self, call: Call) -> Reply:
-        del call
-        self.reset()
-        return Reply(200, {"reset": True})
+        # Asked for, the receipts forgotten come back in the same answer: a caller that
+        # resets as it goes (to keep the emulator small) loses none between two calls.
+        asked = call.payload_ok and isinstance(call.payload, dict)
+        wanted = asked and call.payload.get("receipts") is True
+        forgotten = self.reset()
+        return Reply(200, {"reset": True, **(_receipts_json(forgotten) if wanted else {})})
 
     def _control_clock(self, call: Call) -> Reply:
         advance = call.json_object().get("advance_s", 0)
@@ -433,6 +447,14 @@ class Emulator:
             raise invalid("advance_s must be a non-negative number", field="advance_s")
         self.advance_clock(float(advance))
         return Reply(200, {"now": format_time(self.now())})
+
+
+def _receipts_json(receipts: list[tuple[str, float]]) -> dict[str, Any]:
+    """Receipts as the control API shows them: ids and receipt times in two lists."""
+    return {
+        "arrivals": [job_id for job_id, _ in receipts],
+        "received_at": [at for _, at in receipts],
+    }
 
 
 def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:

@@ -58,7 +58,7 @@ class ProducerEndpoints:
         conflict = state.conflict(job, {})
         if conflict is not None:
             raise conflict
-        state.store(job, now)
+        state.store(job, now, call.received_at)
         body = dumps({"job": job.view(fresh=False)})
         return Reply(201, None, {"Location": f"/ojs/v1/jobs/{job.id}"}, raw=body)
 
@@ -77,14 +77,14 @@ class ProducerEndpoints:
                 received=len(items),
             )
         if config.batch_atomic:
-            jobs = self._store_all_or_none(items, now)
+            jobs = self._store_all_or_none(items, now, call.received_at)
         else:
-            jobs = self._store_one_by_one(items, now)
+            jobs = self._store_one_by_one(items, now, call.received_at)
         # Encoded at once: a fault may delay the answer while workers change the jobs.
         views = [job.view(fresh=False) for job in jobs]
         return Reply(201, None, raw=dumps({"jobs": views, "count": len(views)}))
 
-    def _store_all_or_none(self, items: list[Any], now: float) -> list[Job]:
+    def _store_all_or_none(self, items: list[Any], now: float, received_at: float) -> list[Job]:
         """Validate and check every item, then store them all."""
         state = self.state
         jobs: list[Job] = []
@@ -98,10 +98,10 @@ class ProducerEndpoints:
             _raise_batch_conflict(state.conflict(job, earlier), index)
             earlier[job.id] = job.queue
         for job in jobs:
-            state.store(job, now)
+            state.store(job, now, received_at)
         return jobs
 
-    def _store_one_by_one(self, items: list[Any], now: float) -> list[Job]:
+    def _store_one_by_one(self, items: list[Any], now: float, received_at: float) -> list[Job]:
         """Check every item's id, type and args, then validate and store item by item: the
         first that fails answers for the batch and leaves the earlier ones stored."""
         state = self.state
@@ -119,7 +119,7 @@ class ProducerEndpoints:
             except Reject as exc:
                 raise _batch_item_invalid(exc, index, own_status=True) from exc
             _raise_batch_conflict(state.conflict(job, {}), index)
-            state.store(job, now)
+            state.store(job, now, received_at)
             jobs.append(job)
         return jobs
 

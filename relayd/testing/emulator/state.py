@@ -102,8 +102,10 @@ class EmulatorState:
         self._timers: list[tuple[float, int, str]] = []
         self.events: deque[Event] = deque(maxlen=_EVENT_HISTORY)
         # Every stored job's id, in the order the jobs were stored (overwrites included):
-        # what an ordering check reads.
+        # what an ordering check reads; and beside each, when its request was received
+        # (what a latency measurement reads).
         self.arrivals: list[str] = []
+        self.received_at: list[float] = []
 
     def now(self) -> float:
         """The emulator's clock (epoch seconds), including any advance."""
@@ -235,13 +237,15 @@ class EmulatorState:
             409, "duplicate", f"A job with ID '{job.id}' already exists.", retryable=False
         )
 
-    def store(self, job: Job, now: float) -> None:
-        """Insert a parsed job (replacing one with its id) as scheduled or available."""
+    def store(self, job: Job, now: float, received_at: float) -> None:
+        """Insert a parsed job (replacing one with its id) as scheduled or available;
+        `received_at`: when the request carrying it was received."""
         counts = self.counts(job.id)
         if job.id in self.jobs:
             counts.overwrites += 1  # redis/lite: replace the hash, re-add to the queue
         self.jobs[job.id] = job
         self.arrivals.append(job.id)
+        self.received_at.append(received_at)
         counts.created += 1
         counts.queue = job.queue
         counts.purged = False

@@ -179,6 +179,9 @@ class Call:
     body: bytes
     payload: Any = None
     payload_ok: bool = False
+    # The emulator's clock when the request was received (its handler began, before its
+    # body was read): the receipt time of the jobs it stores.
+    received_at: float = 0.0
 
     def json(self) -> Any:
         """The parsed body; 400 if it was not JSON."""
