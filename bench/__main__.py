@@ -29,6 +29,7 @@ from bench import (
     nats,
     ordered,
     replicas,
+    rowcost,
     tracing,
     webhook,
 )
@@ -48,6 +49,7 @@ SCENARIOS: dict[str, Callable[[Bench], Awaitable[Result]]] = {
     appends.NAME: appends.run,
     ordered.NAME: ordered.run,
     console.NAME: console.run,
+    rowcost.NAME: rowcost.run,
 }
 
 

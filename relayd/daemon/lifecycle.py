@@ -351,7 +351,7 @@ class Daemon:
                 max_size=database.pool_max_size or self.settings.relay.workers + 2,
                 connect_timeout_s=database.connect_timeout_s,
                 statement_timeout_s=database.statement_timeout_s,
-                prefer_indexes=True,
+                daemon=True,
             ),
             log=self._log,
             event="daemon.database_unavailable",

@@ -165,11 +165,11 @@ class StoreBase:
         max_size: int = 10,
         connect_timeout_s: float = 10.0,
         statement_timeout_s: float = 30.0,
-        prefer_indexes: bool = False,
+        daemon: bool = False,
     ) -> Self:
         """Open a pool; `DatabaseUnavailable` if PostgreSQL cannot be reached, `ConfigError`
         if it refuses us for good (bad credentials, no such database, a malformed DSN, an
-        unknown server option). `prefer_indexes`: see `_server_settings`."""
+        unknown server option). `daemon` (`relayd run`'s pool): see `_server_settings`."""
         with _translated():
             try:
                 pool = await asyncpg.create_pool(
@@ -177,7 +177,7 @@ class StoreBase:
                     min_size=1,
                     max_size=max_size,
                     timeout=connect_timeout_s,
-                    server_settings=_server_settings(statement_timeout_s, prefer_indexes),
+                    server_settings=_server_settings(statement_timeout_s, daemon),
                     reset=_keep_session,
                 )
             except (ValueError, asyncpg.ClientConfigurationError) as exc:
@@ -223,17 +223,29 @@ class StoreBase:
             return await self._pool.fetch(self._q[name], *args)
 
 
-def _server_settings(statement_timeout_s: float, prefer_indexes: bool) -> dict[str, str]:
+def _server_settings(statement_timeout_s: float, daemon: bool) -> dict[str, str]:
     """The session settings of every connection of a pool.
 
-    `prefer_indexes` (`relayd run`'s pool) turns `enable_seqscan` off: every statement of the
-    daemon reads the outbox through one of its indexes, but the planner may price a
-    sequential scan lower while the table's statistics say it is small, as they do for a
-    new outbox until autovacuum first analyzes it, or for a queue whose live rows are few.
-    The plan a prepared statement caches is then a scan of the whole table on every claim
-    (measured: a fresh outbox at 5,000 rows/s read 13,000 rows per claim and doubled
-    PostgreSQL's CPU). The setting only prices sequential scans out; a statement with no
-    other path still scans. Operator commands keep the planner's default.
+    `daemon` (`relayd run`'s pool) sets two planner settings, both about the prepared
+    statements the daemon repeats, each with an index made for it:
+
+    - `enable_seqscan` off. The planner may price a sequential scan lower while the table's
+      statistics say it is small, as they do for a new outbox until autovacuum first
+      analyzes it, or for a queue whose live rows are few. The plan a prepared statement
+      caches is then a scan of the whole table on every claim (measured: a fresh outbox at
+      5,000 rows/s read 13,000 rows per claim and doubled PostgreSQL's CPU). The setting only
+      prices sequential scans out; a statement with no other path still scans.
+    - `plan_cache_mode` force_generic_plan: each statement is planned once per connection
+      (and again after a schema change or an ANALYZE of its tables), not at every execution.
+      At the default (`auto`) PostgreSQL plans a statement for its parameters' values five
+      times, then keeps the generic plan only if it does not look dearer than those. A
+      settle of a few rows (its `unnest` of a short array looks cheaper with the values)
+      was planned again at every execution, about a fifth of the server CPU of a one-row
+      claim and settle (docs/performance.md), and so is any statement whose statistics
+      make its values look cheaper. The daemon's generic plans read the same index in the
+      same order as its plans for values, and stop at the same LIMIT.
+
+    Operator commands keep the planner's defaults.
     """
     # Whole milliseconds, never 0: truncating a sub-millisecond timeout would send 0, which
     # PostgreSQL reads as "no limit" (config refuses one too; this is defence in depth).
@@ -242,8 +254,9 @@ def _server_settings(statement_timeout_s: float, prefer_indexes: bool) -> dict[s
         "application_name": "relayd",
         "statement_timeout": str(max(1, round(statement_timeout_s * 1000))),
     }
-    if prefer_indexes:
+    if daemon:
         settings["enable_seqscan"] = "off"
+        settings["plan_cache_mode"] = "force_generic_plan"
     return settings
 
 

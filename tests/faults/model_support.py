@@ -155,9 +155,7 @@ class Relay:
     @classmethod
     async def open(cls, name: str, dsn: str, sink_url: str, seed: int) -> Relay:
         settings = model_settings(dsn, sink_url)
-        store = await Store.connect(
-            dsn, settings.outbox.outbox_table, max_size=4, prefer_indexes=True
-        )
+        store = await Store.connect(dsn, settings.outbox.outbox_table, max_size=4, daemon=True)
         try:
             daemon = Daemon(settings, metrics=RelayMetrics(), rng=random.Random(seed))
             ctx = daemon.make_context(store)

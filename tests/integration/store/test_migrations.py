@@ -361,6 +361,28 @@ async def test_0007_adds_redriven_at_to_an_outbox_in_use_changing_no_row(
         assert await conn.fetch(query) == after
 
 
+async def test_0013_leaves_room_on_new_pages_rewriting_no_row(empty_database: Database) -> None:
+    """0013 gives the outbox a fillfactor of 70 beside the vacuum settings of 0004, and
+    rewrites no row: each keeps its place (ctid) and its values; running it again changes
+    nothing."""
+    async with _just_before(empty_database, "room_to_update") as (migrations, step, conn, store):
+        await produce(conn, 3)
+        query = f"SELECT ctid::text, * FROM {DEFAULT_TABLE} ORDER BY event_id"
+        before = await conn.fetch(query)
+        options = f"SELECT reloptions FROM pg_class WHERE oid = '{DEFAULT_TABLE}'::regclass"
+        assert not any(o.startswith("fillfactor=") for o in await conn.fetchval(options))
+
+        report = await migrate(store, migrations[: step.version])
+        assert [m.version for m in report.applied] == [step.version]
+        assert await conn.fetch(query) == before
+        after = await conn.fetchval(options)
+        assert "fillfactor=70" in after
+        assert "autovacuum_vacuum_scale_factor=0.01" in after
+
+        await conn.execute(step.sql(DEFAULT_TABLE))  # again, outside the ledger
+        assert await conn.fetchval(options) == after
+
+
 # Rows the checks are asked about in test_0008: every rule refused, alone or with others, and
 # the states that exempt a row from some rules (dead, published).
 _V7 = "018f0000-0000-7000-8000-000000000001"

@@ -80,3 +80,14 @@ def test_each_files_statements_are_run_by_its_store_module() -> None:
         module = (store / f"{name}.py").read_text()
         assert blocks, name
         assert [block for block in blocks if f'"{block}"' not in module] == [], name
+
+
+def test_the_daemon_sessions_plan_for_their_indexes_once() -> None:
+    """`relayd run`'s sessions price sequential scans out and keep generic plans; an operator
+    command's session keeps the planner's defaults."""
+    daemon = relayd.store._server_settings(30.0, daemon=True)
+    operator = relayd.store._server_settings(30.0, daemon=False)
+    assert daemon["enable_seqscan"] == "off"
+    assert daemon["plan_cache_mode"] == "force_generic_plan"
+    assert "enable_seqscan" not in operator
+    assert "plan_cache_mode" not in operator

@@ -1,0 +1,24 @@
+-- 0013_room_to_update: new outbox pages keep room for their rows' next versions.
+--
+-- Every row is written three times: inserted, claimed (an UPDATE) and settled (another). An
+-- UPDATE writes a whole new version of the row, envelope included, and none of relayd's is
+-- a HOT update (each changes a column an index holds or is filtered on). Where the new
+-- version fits on the page of the old one, PostgreSQL logs only the bytes that changed
+-- (its WAL record leaves out the prefix and suffix the two versions share); where it does
+-- not, it logs the whole version and puts it on another page, which it may have to add to
+-- the table. A full page leaves no room, so every claim and settle did the second.
+--
+-- fillfactor 70: an INSERT leaves 30 % of each new page free. A claim's new version then
+-- lands beside the row it replaces more often, and the settle finds room once the page is
+-- pruned of the versions the claims left dead (PostgreSQL prunes a page it reads when its
+-- free space runs low). Measured (docs/performance.md): about a quarter less WAL for a
+-- row's claim and settle, a sixth less with its insert counted; their CPU did not move
+-- measurably.
+--
+-- What it costs: pages of rows waiting to be claimed, and of published rows until
+-- retention deletes them, are up to 30 % emptier, so the table takes up to 1.4 times the
+-- space for the same rows.
+--
+-- Only new pages are affected: no row is rewritten, and the lock taken (SHARE UPDATE
+-- EXCLUSIVE) lets producers and relays go on.
+ALTER TABLE @outbox@ SET (fillfactor = 70);
