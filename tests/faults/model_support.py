@@ -81,7 +81,8 @@ FAULT_KINDS: tuple[FaultKind, ...] = (
 )
 
 _TRUNCATE = """
-TRUNCATE relayd.outbox, relayd.relayd_audit, relayd.relayd_pauses, relayd_test.transitions
+TRUNCATE relayd.outbox, relayd.relayd_audit, relayd.relayd_audit_rows, relayd.relayd_pauses,
+    relayd_test.transitions
 RESTART IDENTITY
 """
 # A lease (or, with `lease_owner IS NULL`, a backoff) ended by hand: only available_at
