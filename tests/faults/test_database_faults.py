@@ -22,6 +22,7 @@ import aiohttp
 import asyncpg
 import pytest
 
+from relayd.core.rows import OutboxTable
 from relayd.producer import enqueue_many, new_job
 from relayd.store.migrations import connect_and_migrate
 from relayd.testing.postgres import EmbeddedPostgres
@@ -259,6 +260,10 @@ async def _crash_between_the_post_and_its_settle(
             RELAYD_RELAY__WORKERS="1",
             RELAYD_METRICS__SAMPLE_INTERVAL_S="600",
         )
+        # Its first heartbeat, a durable commit, is written before the claim (the next one is
+        # 600 s away): one landing between the claim and the crash would flush a lazy claim.
+        schema = OutboxTable.parse(scene.table).schema_name
+        await scene.until(f'SELECT count(*) > 0 FROM "{schema}".relayd_instances')
         ids = await scene.produce(20)  # one commit: the idle worker claims all 20 at once
         assert await doomed.wait() == -signal.SIGKILL
         await own_server.crash()
