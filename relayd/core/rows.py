@@ -88,10 +88,17 @@ class ClaimBatch:
     """A claim's rows, and what its statement saw for the next claim's watermark: the
     smallest available_at of the pending rows it scanned (`head`; None: none), and the start
     of the oldest transaction still writing (`writers_since`; None: not visible to relayd's
-    role, so no watermark can be trusted)."""
+    role, so no watermark can be trusted). `marked` False: the claim was not asked for
+    those two (both None, meaning nothing)."""
 
     rows: list[ClaimedRow]
     head: datetime | None
     writers_since: datetime | None
     # Where the next claim's walk over the keys starts (`claim_ordered`); None: at the first.
     walked_to: str | None = None
+    # Seconds from the claim's start until the first pending row it did not take is due
+    # (negative: due already, locked by another claimer); None: no such row.
+    next_due_s: float | None = None
+    marked: bool = True
+    # Whether rows of ordered keys are pending: only then does the next claim need their heads.
+    keyed: bool = True

@@ -135,6 +135,13 @@ class RelayWorker:
         self._empty_claims = 0  # consecutive claims that came back with no row
         self._walk_from: str | None = None  # where the next claim's walk over keys starts
         self.parking: set[str] = set()  # the claim's rows whose key parks if they fail for good
+        # When the first pending row the last claim left is due (loop time; None: none), if
+        # nothing since made it unknown: `wait_for_work` then sleeps without asking.
+        self._due: float | None = None
+        self._due_known = False
+        # Whether the next claim takes the heads of ordered keys too (`claim_ordered`): while
+        # the last claim saw no row of a key pending, the unordered claim does, for less.
+        self._ordered = True
 
     @property
     def released(self) -> int:
@@ -170,14 +177,17 @@ class RelayWorker:
         step, held = "claim", []
         try:
             limit = 1 if permit is Permit.PROBE else self._settings.batch_size
+            ordered = self._ordered
             claim = await self.claim(limit)
+            # An unordered claim that saw rows of keys pending: claim their heads at once.
+            keys_appeared = not ordered and self._ordered
             if not claim.rows:
                 self._empty_claims += 1
                 if permit is Permit.PROBE:
                     # Nothing to probe with: the sink's health request tells instead.
                     step = "probe"
                     await self._ctx.gate.ask_sink(self._ctx.sink, self._settings.attempt_timeout_s)
-                return False
+                return keys_appeared
             self._empty_claims = 0
             full = len(claim.rows) == limit
             if full:
@@ -186,11 +196,14 @@ class RelayWorker:
             step = "publish"
             outcomes, keys = await self.publish(claim)
             step = "settle"
+            self._due_known = False  # until the settle says it added no due row
             groups = await self.settle(claim, outcomes, keys)
+            self._due_known = not groups.retried and not groups.released
             # A key whose head was published or dead-lettered has a new head, which waits at
             # 'infinity' where no due time can wake a worker: claim again at once.
             return (
                 full
+                or keys_appeared
                 or any(done.row.ordering_key is not None for done in groups.published)
                 or any(done.row.ordering_key is not None for done in groups.dead)
             )
@@ -220,16 +233,23 @@ class RelayWorker:
         owner = owner_token(self._ctx.holder)
         loop = asyncio.get_running_loop()
         sent_at, timer = loop.time(), time.perf_counter()  # the loop's clock may be coarse
+        scan_from = self._watermark.for_claim(sent_at)
         batch = await self._ctx.store.claim_from(
             limit,
             owner,
             self._settings.lease_s,
-            self._watermark.for_claim(sent_at),
+            scan_from,
             walk_from=self._walk_from,
-            ordered=True,
+            ordered=self._ordered,
+            marks=self._watermark.wants_marks(sent_at),
         )
         self._watermark.advance(batch)
-        self._walk_from = batch.walked_to
+        if self._ordered:  # an unordered claim does not walk: the next walk starts as it would
+            self._walk_from = batch.walked_to
+        self._ordered = batch.keyed
+        # What the claim saw of the rows it left; the settle may add (a retry, a release).
+        self._due = None if batch.next_due_s is None else sent_at + batch.next_due_s
+        self._due_known = True
         rows = batch.rows
         answered_at = loop.time()
         elapsed_s = time.perf_counter() - timer
@@ -257,19 +277,22 @@ class RelayWorker:
     async def wait_for_work(self) -> None:
         """Sleep until a notification, the next due row, the poll interval, or stop.
 
-        The next-due query is only a hint: whatever it answers (an error, NULL, an infinite
-        or NaN time from a row parked by hand), the worker sleeps at most the poll interval.
+        The next due row is the last claim's answer when its settle added none (the usual
+        case: no statement of its own), else the next-due query's. Either is only a hint:
+        whatever it answers (an error, NULL, an infinite or NaN time from a row parked by
+        hand), the worker sleeps at most the poll interval. Run until idle, the worker always
+        asks: only the query tells that nothing is pending at all.
         """
         if self._ctx.wakeup.take():
             self._empty_claims = 0
             return  # rows were committed while this worker was busy: claim them now
         timeout_s = self._settings.poll_interval_s
-        try:
-            due_s = await self._ctx.store.next_due_s(self._watermark.scan_from)
-        except (DatabaseUnavailable, StatementError) as exc:
-            self._log.warning("relay.next_due_unknown", error=str(exc))
-            due_s = None
+        known, self._due_known = self._due_known, False
+        if known and self._ctx.on_idle is None:
+            due = self._due
+            due_s = None if due is None else due - asyncio.get_running_loop().time()
         else:
+            due_s = await self._ask_next_due()
             if due_s is None and self._ctx.on_idle is not None:
                 self._ctx.on_idle()
                 return
@@ -278,6 +301,14 @@ class RelayWorker:
             timeout_s = min(timeout_s, max(due_s, floor_s))
         if await self._ctx.wakeup.wait(timeout_s):
             self._empty_claims = 0  # notified: new rows, not the ones it could not take
+
+    async def _ask_next_due(self) -> float | None:
+        """The next-due query's answer; None (sleep the poll interval) if it failed."""
+        try:
+            return await self._ctx.store.next_due_s(self._watermark.scan_from)
+        except (DatabaseUnavailable, StatementError) as exc:
+            self._log.warning("relay.next_due_unknown", error=str(exc))
+            return None
 
     # --- publish -------------------------------------------------------------------------
 

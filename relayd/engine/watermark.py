@@ -19,6 +19,13 @@ answer tells where the next one goes:
   `writers_since` is taken from the previous claim's answer, so a transaction that commits
   between one statement's snapshot and its reading of `pg_stat_activity` is still covered.
 
+The marks cost the claim a read of `pg_stat_activity` (every server process's slot): a
+worker claiming a row or a few at a time asks for them at most every MARKS_EVERY_S, and
+keeps its watermark in between. A watermark older than it could be is still safe (the scan
+starts lower, and steps over a few more published rows); `writers_since` is then the last
+marked answer's, older still, so the argument above holds. A worker whose claims carry
+BUSY_ROWS rows or more asks on every claim, where its watermark moves fastest.
+
 Rows whose producer set `available_at` in the past by hand, or whose transaction was prepared
 for two-phase commit (it leaves `pg_stat_activity` at PREPARE TRANSACTION and may commit much
 later), can fall below the watermark: every `full_scan_every_s` the claim reads the whole
@@ -32,6 +39,9 @@ from datetime import datetime
 
 from relayd.core.rows import ClaimBatch
 
+MARKS_EVERY_S = 0.05
+BUSY_ROWS = 10
+
 
 class Watermark:
     """One worker's scan start; None means the start of the index."""
@@ -41,6 +51,8 @@ class Watermark:
         self._next_full_scan = float("-inf")  # the first claim reads the whole index
         self.scan_from: datetime | None = None
         self._writers_before: datetime | None = None  # the previous answer's writers_since
+        self._marks_due = float("-inf")  # when the next claim asks for the marks
+        self._busy = False  # the last claim carried BUSY_ROWS rows or more
 
     def for_claim(self, now: float) -> datetime | None:
         """Where the next claim starts (None: a full scan, when one is due)."""
@@ -49,8 +61,19 @@ class Watermark:
             return None
         return self.scan_from
 
+    def wants_marks(self, now: float) -> bool:
+        """Whether the next claim asks for the marks (the module docstring)."""
+        if self._busy or now >= self._marks_due:
+            self._marks_due = now + MARKS_EVERY_S
+            return True
+        return False
+
     def advance(self, batch: ClaimBatch) -> None:
-        """Move to min(head, the writers' start before this claim's snapshot)."""
+        """Move to min(head, the writers' start before this claim's snapshot); stay where it
+        is after a claim that carried no marks."""
+        self._busy = len(batch.rows) >= BUSY_ROWS
+        if not batch.marked:
+            return
         writers = self._writers_before
         # Without the previous writers' mark (the first claim, or writers hidden from
         # relayd's role) nothing is known: the next claim reads the whole index.

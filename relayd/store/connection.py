@@ -74,9 +74,9 @@ _SQL = "sql"
 
 def load_queries(table: OutboxTable, directory: Traversable | None = None) -> dict[str, str]:
     """Read the named blocks of every file in `directory` (relayd's own `sql/`), put each
-    fragment where a block names it (`@fragment@`), and bind the table identifiers into
-    them, once. A name given twice, in one file or in two, is refused: the second block
-    would silently replace the first."""
+    fragment where a block or another fragment names it (`@fragment@`), and bind the table
+    identifiers into them, once. A name given twice, in one file or in two, is refused: the
+    second block would silently replace the first."""
     queries: dict[str, str] = {}
     fragments: dict[str, str] = {}
     where: dict[str, str] = {}
@@ -97,8 +97,9 @@ def load_queries(table: OutboxTable, directory: Traversable | None = None) -> di
                 queries[name] = body.strip()
     for name, statement in queries.items():
         whole = statement
-        for fragment, part in fragments.items():
-            whole = whole.replace(f"@{fragment}@", f"({part})")
+        for _ in range(len(fragments) + 1):  # a fragment may name another, never itself
+            for fragment, part in fragments.items():
+                whole = whole.replace(f"@{fragment}@", f"({part})")
         queries[name] = render(whole, table)
     return queries
 

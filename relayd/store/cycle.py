@@ -27,13 +27,17 @@ class CycleQueries(StoreBase):
         *,
         walk_from: str | None = None,
         ordered: bool = False,
+        marks: bool = True,
     ) -> ClaimBatch:
         """Lease up to `limit` due rows, scanning the claim index from `scan_from` (None: from
-        its start); the answer carries the marks of the next watermark. `ordered`: the heads
-        of keys too (`claim_ordered`), walking the keys from `walk_from`."""
-        args: tuple[object, ...] = (limit, owner, lease_s, str(self.table), scan_from)
+        its start); the answer carries the next due time of the rows it left, whether rows of
+        ordered keys are pending, and, if `marks`, the marks of the next watermark.
+        `ordered`: the heads of keys too (`claim_ordered`), walking the keys from
+        `walk_from`; without it, no row of a key is claimed before it was a head."""
+        args: tuple[object, ...] = (limit, owner, lease_s, str(self.table), scan_from, marks)
         rows: list[ClaimedRow] = []
-        head = writers_since = walked_to = None
+        head = writers_since = walked_to = next_due_s = None
+        keyed = True
         if not ordered:
             # By position, in the statement's column order: a name lookup per field per row
             # costs more than the row's decoding. The one row without an id carries the marks.
@@ -46,12 +50,15 @@ class CycleQueries(StoreBase):
                 redriven,
                 row_head,
                 row_writers,
+                row_due,
+                row_keyed,
             ) in await self._fetch("claim", *args):
                 if event_id is None:
-                    head, writers_since = row_head, row_writers
+                    head, writers_since, next_due_s = row_head, row_writers, row_due
+                    keyed = row_keyed
                 else:
                     rows.append(ClaimedRow(event_id, job, attempts, previous, age_s, redriven))
-            return ClaimBatch(rows, head, writers_since)
+            return ClaimBatch(rows, head, writers_since, None, next_due_s, marks, keyed)
         for (
             event_id,
             job,
@@ -63,12 +70,15 @@ class CycleQueries(StoreBase):
             row_head,
             row_writers,
             row_walked,
+            row_due,
+            row_keyed,
         ) in await self._fetch("claim_ordered", *args, walk_from):
             if event_id is None:
                 head, writers_since, walked_to = row_head, row_writers, row_walked
+                next_due_s, keyed = row_due, row_keyed
             else:
                 rows.append(ClaimedRow(event_id, job, attempts, previous, age_s, redriven, key))
-        return ClaimBatch(rows, head, writers_since, walked_to)
+        return ClaimBatch(rows, head, writers_since, walked_to, next_due_s, marks, keyed)
 
     async def settle_published(
         self, owner: uuid.UUID, event_ids: Sequence[str], sink_states: Sequence[str]

@@ -87,5 +87,6 @@ class HealthQueries(StoreBase):
                     lease_s,
                     str(self.table),
                     None,  # a full scan: the plan every claim uses, from the index's start
+                    True,  # with the watermark's marks
                     None,  # the walk over the keys from the first
                 )

@@ -5,19 +5,46 @@
 
 -- fragment: claim_marks
 -- What a claim's answer carries for the next watermark (`claim`, `claim_ordered`; $5 the
--- scan's start). Finite values only: a row parked at 'infinity' bounds nothing, and one at
--- '-infinity' is claimed by the next full scan. writers_since is NULL when a writer's start
--- is hidden from us (another role's session, without pg_read_all_stats): nothing is known,
--- and the next claim reads the whole index.
-SELECT (SELECT min(available_at) FROM @outbox@
-        WHERE published_at IS NULL AND dead_at IS NULL
-          AND available_at >= coalesce($5::timestamptz, '-infinity')
-          AND available_at > '-infinity' AND available_at < 'infinity') AS head,
-       (SELECT CASE WHEN bool_or(xact_start IS NULL) THEN NULL
-                    ELSE coalesce(min(xact_start), now()) END
-        FROM pg_stat_activity
-        WHERE backend_xid IS NOT NULL AND datname = current_database()
-          AND pid <> pg_backend_pid()) AS writers_since
+-- scan's start), when the worker asks for it ($6: the marks cost a read of every server
+-- process's slot in pg_stat_activity, which a worker claiming a row at a time need not pay
+-- on every claim; NULL both when not asked, relayd/engine/watermark.py). Finite values
+-- only: a row parked at 'infinity' bounds nothing, and one at '-infinity' is claimed by
+-- the next full scan. writers_since is NULL when a writer's start is hidden from us
+-- (another role's session, without pg_read_all_stats): nothing is known, and the next
+-- claim reads the whole index.
+SELECT CASE WHEN $6::bool THEN
+           (SELECT min(available_at) FROM @outbox@
+            WHERE published_at IS NULL AND dead_at IS NULL
+              AND available_at >= coalesce($5::timestamptz, '-infinity')
+              AND available_at > '-infinity' AND available_at < 'infinity') END AS head,
+       CASE WHEN $6::bool THEN
+           (SELECT CASE WHEN bool_or(xact_start IS NULL) THEN NULL
+                        ELSE coalesce(min(xact_start), now()) END
+            FROM pg_stat_activity
+            WHERE backend_xid IS NOT NULL AND datname = current_database()
+              AND pid <> pg_backend_pid()) END AS writers_since
+
+-- fragment: claim_keyed
+-- Whether any row of an ordered key is pending (`claim`, `claim_ordered`): one probe of the
+-- keys' index. While none is, the worker runs `claim`, whose plan is a third the size.
+SELECT EXISTS (
+    SELECT 1 FROM @outbox@
+    WHERE published_at IS NULL AND dead_at IS NULL AND ordering_key IS NOT NULL)
+
+-- fragment: claim_next_due
+-- Seconds from the claim's start until the first pending row it did not take is due
+-- (`claim`, `claim_ordered`: the rows of its `claimed` part are left out; negative: one is
+-- due now but was locked by another claimer), NULL when there is none: what `next_due_s`
+-- would answer once the claim's rows are settled, so that a worker whose claim came back
+-- short sleeps without asking. The same scan and pause checks as `next_due_s`.
+SELECT (extract(epoch FROM available_at) - extract(epoch FROM now()))::float8
+FROM @outbox@
+WHERE published_at IS NULL AND dead_at IS NULL
+  AND available_at >= coalesce($5::timestamptz, '-infinity')
+  AND event_id::text NOT IN (SELECT event_id FROM claimed)
+  AND @claim_not_paused@
+ORDER BY available_at, event_id
+LIMIT 1
 
 -- fragment: claim_not_paused
 -- A row no pause holds (`claim`, `claim_ordered`; $4 the outbox table): the pause checks
@@ -72,7 +99,7 @@ AND (NOT EXISTS (SELECT 1 FROM @schema@.relayd_pauses WHERE outbox_table = $4)
 -- database crash forgot would send its rows again with no GET first (docs/contract.md, C1).
 -- The settles below do the opposite, on purpose.
 -- params: $1 limit int, $2 owner token uuid, $3 lease_s float8, $4 outbox table text,
---         $5 scan from timestamptz (NULL: the whole index)
+--         $5 scan from timestamptz (NULL: the whole index), $6 the watermark's marks bool
 WITH durable AS (
     SELECT CASE WHEN current_setting('synchronous_commit') = 'off'
                 THEN set_config('synchronous_commit', 'on', true) END
@@ -107,10 +134,12 @@ claimed AS (
               due.redriven_at IS NOT NULL
                   AND due.redriven_at > coalesce(due.last_attempt_at, '-infinity') AS redriven
 )
-SELECT claimed.*, NULL::timestamptz AS head, NULL::timestamptz AS writers_since
+SELECT claimed.*, NULL::timestamptz AS head, NULL::timestamptz AS writers_since,
+       NULL::float8 AS next_due_s, NULL::bool AS keyed
 FROM claimed
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, marks.head, marks.writers_since
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, marks.head, marks.writers_since, @claim_next_due@,
+       @claim_keyed@
 FROM marks, durable;
 
 -- name: claim_ordered
@@ -124,7 +153,7 @@ FROM marks, durable;
 -- dead letter ends a head. So at most one row of a key is ever leased, and a key's next row
 -- is a candidate only once every earlier one is published or dead-lettered.
 --
--- `walk` visits keys in key order, from $6 (exclusive; NULL: the first), one index probe
+-- `walk` visits keys in key order, from $7 (exclusive; NULL: the first), one index probe
 -- each: the head of the next key is the first entry after the previous key, whatever the
 -- number of rows behind it, so a hot key costs what a quiet one does and yields one row per
 -- claim. The walk stops as soon as $1 candidates are found. The marks row carries the last
@@ -132,7 +161,8 @@ FROM marks, durable;
 -- served in turn; NULL when the walk reached the last key, to start again from the first.
 -- The two parts are interleaved (one of each in turn) up to $1 rows in all.
 -- params: $1 limit int, $2 owner token uuid, $3 lease_s float8, $4 outbox table text,
---         $5 scan from timestamptz (NULL: the whole index), $6 walk from text (NULL: first)
+--         $5 scan from timestamptz (NULL: the whole index), $6 the watermark's marks bool,
+--         $7 walk from text (NULL: first)
 WITH RECURSIVE durable AS (
     SELECT CASE WHEN current_setting('synchronous_commit') = 'off'
                 THEN set_config('synchronous_commit', 'on', true) END
@@ -142,7 +172,7 @@ walk AS (
     (SELECT ordering_key, event_id, available_at
      FROM @outbox@
      WHERE published_at IS NULL AND dead_at IS NULL
-       AND ordering_key > coalesce($6::text, '')
+       AND ordering_key > coalesce($7::text, '')
      ORDER BY ordering_key, ordering_seq
      LIMIT 1)
     UNION ALL
@@ -221,11 +251,12 @@ claimed AS (
               o.ordering_key
 )
 SELECT claimed.*, NULL::timestamptz AS head, NULL::timestamptz AS writers_since,
-       NULL::text AS walked_to
+       NULL::text AS walked_to, NULL::float8 AS next_due_s, NULL::bool AS keyed
 FROM claimed
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, marks.head, marks.writers_since,
-       (SELECT CASE WHEN count(*) < $1 THEN NULL ELSE max(ordering_key) END FROM heads)
+       (SELECT CASE WHEN count(*) < $1 THEN NULL ELSE max(ordering_key) END FROM heads),
+       @claim_next_due@, @claim_keyed@
 FROM marks, durable;
 
 -- fragment: lazy_commit

@@ -137,9 +137,9 @@ def install(mutant: str, patches: Patches) -> None:
             def load(table: Any) -> dict[str, str]:
                 queries: dict[str, str] = original(table)
                 # "now" becomes a last parameter: the relay host's clock at the claim.
-                queries["claim"] = queries["claim"].replace("now()", "$6::timestamptz")
+                queries["claim"] = queries["claim"].replace("now()", "$7::timestamptz")
                 queries["claim_ordered"] = queries["claim_ordered"].replace(
-                    "now()", "$7::timestamptz"
+                    "now()", "$8::timestamptz"
                 )
                 return queries
 

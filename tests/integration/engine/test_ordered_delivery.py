@@ -20,6 +20,7 @@ from tests.support import (
     Database,
     drained,
     eventually,
+    produce,
     relay_settings,
     run_until_idle,
     running,
@@ -211,3 +212,32 @@ async def test_the_residual_window_a_request_applied_after_relayd_gave_up_on_it(
     report = check_order(arrivals, rows)
     assert len(report.violations) == (duplicate_mode == "overwrite")
     assert not report.lost
+
+
+async def test_rows_of_keys_after_a_quiet_spell_are_claimed_at_once(
+    database: Database, conn: asyncpg.Connection, emulator: RunningEmulator
+) -> None:
+    """With no row of a key pending, workers claim with the unordered statement, which never
+    takes a key's head. When keyed rows arrive, the notification's claim sees them and the
+    worker claims their heads at once, in order, not at the next poll (an hour here)."""
+    settings = relay_settings(
+        database.dsn, emulator.url, sink={"ordering": "key"}, relay={"poll_interval_s": 3600}
+    )
+    async with running(settings):
+        # A row without a key: dead-lettered on this route, and the last claim saw no key.
+        [unkeyed] = await produce(conn, 1)
+        await eventually(lambda: _settled(conn, [unkeyed], "dead_at"), timeout_s=10)
+        async with conn.transaction():  # one notification
+            rows = await insert_interleaved(conn, ["a", "b"], 3)
+        await eventually(lambda: _settled(conn, list(rows), "published_at"), timeout_s=10)
+    report = check_order(emulator.emulator.arrivals(), rows)
+    assert report.clean, (report.violations, report.lost)
+
+
+async def _settled(conn: asyncpg.Connection, ids: list[str], column: str) -> bool:
+    settled: int = await conn.fetchval(
+        f"SELECT count(*) FROM relayd.outbox WHERE event_id = ANY($1::uuid[]) "
+        f"AND {column} IS NOT NULL",
+        ids,
+    )
+    return settled == len(ids)

@@ -353,7 +353,7 @@ async def test_claim_is_an_index_scan_on_a_large_backlog(
 
     queries = load_queries(store.table)
     for scan_from in (None, datetime.now(UTC) - timedelta(hours=1)):
-        args = (100, uuid.uuid4(), 30.0, str(store.table), scan_from)
+        args = (100, uuid.uuid4(), 30.0, str(store.table), scan_from, True)
         plan = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {queries['claim']}", *args)
         scans = plan_scans(json.loads(plan))
         assert ("Index Scan", "outbox_relayd_claim") in scans

@@ -22,7 +22,7 @@ QUERIES = load_queries(DEFAULT_TABLE)
 
 
 async def _claim(conn: asyncpg.Connection, owner: uuid.UUID, statement: str = "claim") -> list[str]:
-    args: tuple[object, ...] = (10, owner, 30.0, str(DEFAULT_TABLE), None)
+    args: tuple[object, ...] = (10, owner, 30.0, str(DEFAULT_TABLE), None, True)
     if statement == "claim_ordered":
         args += (None,)  # the walk over the keys from the first
     records = await conn.fetch(QUERIES[statement], *args)
