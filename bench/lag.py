@@ -33,6 +33,7 @@ from typing import Any
 
 import asyncpg
 
+from bench.bare_relay import BareRelay, bare_relay
 from bench.harness import (
     Bench,
     Relays,
@@ -93,7 +94,7 @@ class Run:
     """One server's measurement: the relay, the producers, the receipts, a window counter."""
 
     bench: Bench
-    relays: Relays
+    relays: Relays | BareRelay
     producers: Producers
     receipts: Receipts
     conn: asyncpg.Connection
@@ -323,30 +324,48 @@ def _window_s(rows_per_s: float, size: dict[str, float]) -> int:
     return math.ceil(max(size["min_window_s"], per_round + WARMUP_S))
 
 
+def _add_warnings(total: dict[str, int], more: dict[str, int]) -> None:
+    for name, count in more.items():
+        total[name] = total.get(name, 0) + count
+
+
 async def measure(bench: Bench) -> dict[str, Any]:
-    """Both steps on one relayd and one outbox; every figure."""
+    """Both steps on one outbox: R_sat with relayd, then rounds of the points, each round
+    relayd's points (a relayd started for the round) and then the bare relay's (the
+    ceiling, bench/bare_relay.py); every figure."""
     size = SIZES["quick" if bench.quick else "full"]
     pgbench = find_pgbench()
     table = await new_outbox(bench, NAME)
     conn = await asyncpg.connect(bench.dsn)
+    warnings: dict[str, int] = {}
     try:
         await add_bench_columns(conn, table)
-        async with (
-            start_relays(bench, table, NAME) as relays,
-            collecting_receipts(bench) as receipts,
-        ):
+        async with collecting_receipts(bench) as receipts:
             producers = Producers(pgbench, bench.dsn, bench.base / "pgbench", table)
-            run = Run(bench, relays, producers, receipts, conn)
-            r_sat, bisections = await saturation(run, int(size["trial_s"]), int(size["steps"]))
+            async with start_relays(bench, table, NAME) as relays:
+                run = Run(bench, relays, producers, receipts, conn)
+                r_sat, bisections = await saturation(run, int(size["trial_s"]), int(size["steps"]))
+                _add_warnings(warnings, relays.warnings())
             points = [Point(f, 1) for f in FRACTIONS] + [Point(*VARIANT)]
             windows: dict[Point, list[Window]] = {p: [] for p in points}
+            bare = [Point(f, 1) for f in FRACTIONS]
+            ceiling: dict[Point, list[Window]] = {p: [] for p in bare}
             for round_ in range(int(size["rounds"])):
-                turned = points[round_ % len(points) :] + points[: round_ % len(points)]
-                for point in turned:
-                    rate = point.fraction * r_sat
-                    seconds = _window_s(rate, size)
-                    windows[point].append(await window(run, rate, seconds, point.rows_per_commit))
-            warnings = relays.warnings()
+                async with start_relays(bench, table, NAME) as relays:
+                    run.relays = relays
+                    for point in _turned(points, round_):
+                        rate = point.fraction * r_sat
+                        seconds = _window_s(rate, size)
+                        windows[point].append(
+                            await window(run, rate, seconds, point.rows_per_commit)
+                        )
+                    _add_warnings(warnings, relays.warnings())
+                log = bench.base / f"bare-relay-{round_}.log"
+                async with bare_relay(bench.dsn, table, bench.sink_url, log) as ceiling_relay:
+                    run.relays = ceiling_relay
+                    for point in _turned(bare, round_):
+                        rate = point.fraction * r_sat
+                        ceiling[point].append(await window(run, rate, _window_s(rate, size), 1))
     finally:
         await conn.close()
     await drop_outbox(bench, table)
@@ -361,8 +380,21 @@ async def measure(bench: Bench) -> dict[str, Any]:
         "r_at_25ms_rows_per_s": max(within, default=0.0),
         "trials": run.trials,
         **figures,
+        "bare_relay": {
+            p.key: {
+                k: v
+                for k, v in point_figures(p, p.fraction * r_sat, ceiling[p]).items()
+                if not k.startswith("relayd_")  # it has no /metrics
+            }
+            for p in bare
+        },
         "relay_warnings": warnings,
     }
+
+
+def _turned(points: list[Point], round_: int) -> list[Point]:
+    """The points in the round's order: turned by one each round."""
+    return points[round_ % len(points) :] + points[: round_ % len(points)]
 
 
 # --- the report --------------------------------------------------------------------------
@@ -429,12 +461,33 @@ def summary_lines(figures: dict[str, Any], durable: bool) -> list[str]:
         )
         if f["void"]:
             lines.append(f"{p.key}: VOID: {'; '.join(f['void'])}")
+    lines += ceiling_lines(figures)
     server = "durable" if durable else "scratch"
     for what, value, target, met in targets(figures, durable):
         lines.append(
             f"target ({server}): {what} {value:,.1f}, target {target}: {'met' if met else 'MISSED'}"
         )
     lines += warnings_line(figures["relay_warnings"])
+    return lines
+
+
+def ceiling_lines(figures: dict[str, Any]) -> list[str]:
+    """The bare relay's points beside relayd's: the ceiling of latency on this machine."""
+    lines = [
+        "the bare relay (bench/bare_relay.py: the same parts, nothing of relayd), same rates:",
+    ]
+    for key, bare in figures["bare_relay"].items():
+        mine = figures[key]
+        stages = "  ".join(f"{bare[s + '_p50_ms']:.1f}/{bare[s + '_p99_ms']:.1f}" for s in STAGES)
+        void = f"; VOID: {'; '.join(bare['void'])}" if bare["void"] else ""
+        lines.append(
+            f"  {key}: p50 {bare['p50_ms']:.1f}, p99 {bare['p99_ms']:.1f}, "
+            f"p99.9 {bare['p999_ms']:.1f} ms ({bare['samples']:,} samples); relayd's p99 "
+            f"{ratio(mine['p99_ms'], bare['p99_ms']):.2f}x, p99.9 "
+            f"{ratio(mine['p999_ms'], bare['p999_ms']):.2f}x; stages {stages}; "
+            f"{bare['relay_cpu_us_per_row']:.0f} us/row, busy "
+            f"{bare['cores']['machine_busy']:.2f} cores{void}"
+        )
     return lines
 
 
@@ -464,6 +517,12 @@ async def run(bench: Bench) -> Result:
             "p99_ms_at_0_75": high["p99_ms"],
             "p99_0_5_vs_0_1": ratio(mid["p99_ms"], low["p99_ms"]),
             "r_at_25ms_vs_r_sat": ratio(figures["r_at_25ms_rows_per_s"], r_sat),
+            **{
+                f"p99_vs_bare_relay_{key.removeprefix('at_')}": ratio(
+                    figures[key]["p99_ms"], bare["p99_ms"]
+                )
+                for key, bare in figures["bare_relay"].items()
+            },
         },
         figures=figures,
         summary=summary_lines(figures, bench.durable),
