@@ -103,13 +103,14 @@ async def _relay(dsn: str, table: str, channel: str, url: str) -> None:
         wake()  # rows committed before the LISTEN
         print("ready", flush=True)
         stopped = asyncio.create_task(stopping.wait())
-        done, _ = await asyncio.wait([stopped, *loops], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([stopped, *loops], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        failed = [task for task in loops if task.done()]
         for task in loops:
             task.cancel()
-        await asyncio.gather(*loops, return_exceptions=True)
-        for task in done:
-            if task is not stopped:
-                task.result()  # a loop's failure: exit 1 with its reason
+        await asyncio.gather(stopped, *loops, return_exceptions=True)
+        for task in failed:
+            task.result()  # a loop's failure: exit 1 with its reason
     await listener.close()
     await claimer.close()
     await settler.close()

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import asyncpg
@@ -435,7 +435,16 @@ async def paused_relays(
         yield relays
 
 
-async def wait_drained(conn: asyncpg.Connection, relays: Relays, timeout_s: float) -> None:
+class Draining(Protocol):
+    """What `wait_drained` needs of the relays it waits for (`Relays`, or a bare relay)."""
+
+    @property
+    def table(self) -> OutboxTable: ...
+
+    def check_alive(self, doing: str) -> None: ...
+
+
+async def wait_drained(conn: asyncpg.Connection, relays: Draining, timeout_s: float) -> None:
     """Return once no row of the relays' table is pending; BenchError if a relay exits or
     the drain takes longer than `timeout_s`."""
     deadline = time.perf_counter() + timeout_s

@@ -4,9 +4,12 @@ migration 0013 and its generic plans, in the same run.
 Two versions of the same work, each on an outbox of its own:
 
 - `before`: the outbox migrated up to 0012, the relay's session with PostgreSQL's default
-  plan cache mode (`auto`);
+  plan cache mode (`auto`), and the claims a worker sent then: the ordered claim, with the
+  watermark's marks, every time;
 - `after`: every migration, the relay's session exactly as `relayd run` opens it
-  (`relayd.store._server_settings`).
+  (`relayd.store._server_settings`), and the claims a worker sends now: the unordered claim
+  while the last claim saw no keyed row pending (none here, after the first), the marks
+  when `Watermark.wants_marks` asks for them.
 
 For each, one connection (the relay's: one asyncpg pool of one, through which relayd's own
 `Store.claim_from(..., ordered=True)` and `Store.settle_published` run, as a worker sends
@@ -67,6 +70,7 @@ class Version:
     name: str
     through: int | None
     default_plan_cache: bool  # PostgreSQL's `auto`, not what relayd sets
+    every_claim_ordered: bool  # the ordered claim with marks every time, as workers did
 
     def settings(self) -> dict[str, str]:
         settings = _server_settings(STATEMENT_TIMEOUT_S, daemon=True)
@@ -75,8 +79,10 @@ class Version:
         return settings
 
 
-BEFORE = Version("before", through=BEFORE_MIGRATIONS, default_plan_cache=True)
-AFTER = Version("after", through=None, default_plan_cache=False)
+BEFORE = Version(
+    "before", through=BEFORE_MIGRATIONS, default_plan_cache=True, every_claim_ordered=True
+)
+AFTER = Version("after", through=None, default_plan_cache=False, every_claim_ordered=False)
 
 
 def _order(rounds: int) -> list[Version]:
@@ -150,20 +156,24 @@ async def _cycles(bench: Bench, version: Version, size: int, cycles: int) -> Cyc
         watermark = Watermark(full_scan_every_s=60.0)
         jobs = _jobs(size * cycles)
         relay_s = 0.0
+        keyed = True  # a worker's first claim is ordered
         wal0 = await producer.fetchval("SELECT pg_current_wal_insert_lsn()")
         server0, started = pg_cpu_s(bench.postmaster_pid), time.perf_counter()
         for index in range(cycles):
             await enqueue_many(producer, jobs[index * size : (index + 1) * size], table=table)
             owner = uuid.uuid4()
             relay0 = schedstat_cpu_s(backend)
+            now = time.monotonic()
             batch = await store.claim_from(
                 CLAIM_LIMIT,
                 owner,
                 LEASE_S,
-                watermark.for_claim(time.monotonic()),
-                ordered=True,
+                watermark.for_claim(now),
+                ordered=version.every_claim_ordered or keyed,
+                marks=version.every_claim_ordered or watermark.wants_marks(now),
             )
             watermark.advance(batch)
+            keyed = batch.keyed
             ids = [row.event_id for row in batch.rows]
             settled = await store.settle_published(owner, ids, ["completed"] * len(ids))
             relay_s += schedstat_cpu_s(backend) - relay0

@@ -96,7 +96,7 @@ async def test_a_claim_tells_whether_rows_of_keys_are_pending(
     assert (len(plain.rows), plain.keyed) == (1, False)
     await conn.execute(
         "INSERT INTO relayd.outbox (event_id, job, ordering_key) "
-        "SELECT relayd.relayd_uuidv7(), '{\"type\": \"t.x\", \"args\": []}', 'k'"
+        'SELECT relayd.relayd_uuidv7(), \'{"type": "t.x", "args": []}\', \'k\''
     )
     plain = await store.claim_from(10, uuid.uuid4(), 30.0, None)
     assert (plain.rows, plain.keyed) == ([], True)

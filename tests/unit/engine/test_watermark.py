@@ -87,9 +87,7 @@ def test_a_quiet_worker_asks_for_the_marks_at_most_every_interval() -> None:
 def test_a_busy_worker_asks_on_every_claim() -> None:
     """A claim that carried BUSY_ROWS rows or more: the next asks too, however soon, since
     the watermark moves fastest then."""
-    rows = [
-        ClaimedRow(f"id-{n}", b"{}", 1, None, 0.0, redriven=False) for n in range(BUSY_ROWS)
-    ]
+    rows = [ClaimedRow(f"id-{n}", b"{}", 1, None, 0.0, redriven=False) for n in range(BUSY_ROWS)]
     mark = Watermark(full_scan_every_s=10.0)
     assert mark.wants_marks(0.0)
     mark.advance(ClaimBatch(rows=rows, head=T0, writers_since=T0))
