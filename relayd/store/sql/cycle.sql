@@ -26,7 +26,7 @@ SELECT CASE WHEN $6::bool THEN
 
 -- fragment: claim_keyed
 -- Whether any row of an ordered key is pending (`claim`, `claim_ordered`): one probe of the
--- keys' index. While none is, the worker runs `claim`, whose plan is a third the size.
+-- keys' index. While none is, the worker runs `claim`, about a fifth cheaper for one row.
 SELECT EXISTS (
     SELECT 1 FROM @outbox@
     WHERE published_at IS NULL AND dead_at IS NULL AND ordering_key IS NOT NULL)
